@@ -1,0 +1,50 @@
+# The two commands: `make run` (every notebook at smoke size) and `make test`.
+# Both create .venv and install requirements.txt on first use.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test lab stack-up stack-down stack-status notebooks bench lint compose-check clean-runs
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt -e .
+	@touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install everything
+
+run: $(STAMP)  ## start the embedded stack and execute every notebook into runs/
+	$(PY) -m helpers.stack up
+	$(PY) -m helpers.runner
+
+test: $(STAMP)  ## unit + notebook tests against real local services (starts its own private stack)
+	$(PY) -m pytest
+
+lab: $(STAMP) stack-up  ## JupyterLab on the notebooks
+	$(VENV)/bin/jupyter lab notebooks/
+
+stack-up: $(STAMP)
+	$(PY) -m helpers.stack up
+
+stack-down: $(STAMP)
+	$(PY) -m helpers.stack down
+
+stack-status: $(STAMP)
+	$(PY) -m helpers.stack status
+
+notebooks: $(STAMP)  ## refresh the committed notebooks' outputs (smoke size)
+	$(PY) -m helpers.runner --in-place
+
+bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout
+	$(PY) benchmarks/bench_upload_listing.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py
+
+compose-check:  ## needs a Docker engine
+	docker compose config --quiet
+
+clean-runs:
+	rm -rf runs/

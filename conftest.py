@@ -1,0 +1,91 @@
+"""Test session set-up: one real object store + MLflow for the whole run.
+
+Where ``S3_ENDPOINT`` is set, the tests use the services it points at.
+Otherwise a private embedded stack is started on free ports in a temporary
+folder (never the developer's ``.stack``) and its endpoints are exported,
+so notebooks executed by papermill or nbval see them too. It is started on
+first need, by a test fixture or by the first nbval cell.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_SESSION: dict[str, object] = {}
+
+
+def session_stack() -> Path | None:
+    """Start (once) the private test stack, export its endpoints; None when endpoints are configured."""
+    if "state" in _SESSION:
+        return _SESSION["state"]  # type: ignore[return-value]
+    if os.environ.get("S3_ENDPOINT"):
+        _SESSION["state"] = None
+        return None
+    from helpers import stack
+    from helpers.config import load_settings
+
+    state = Path(tempfile.mkdtemp(prefix="stack-test-"))
+    _SESSION["state"] = state
+    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)))
+    settings = load_settings(environ={}, stack_state=state)
+    os.environ.update({
+        "STACK_STATE_DIR": str(state),
+        "S3_ENDPOINT": settings.s3_url,
+        "S3_ACCESS_KEY": settings.s3_access_key,
+        "S3_SECRET_KEY": settings.s3_secret_key,
+        "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+    })
+    return state
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Start the stack for nbval cells, which are not functions and so get no fixtures."""
+    if type(item).__module__.startswith("nbval"):
+        session_stack()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the private test stack and delete its state."""
+    state = _SESSION.get("state")
+    if isinstance(state, Path):
+        from helpers import stack
+
+        stack.down(state)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+# --- fixtures -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def settings():
+    """Settings pointing at the session's object store and MLflow."""
+    from helpers.config import load_settings
+
+    session_stack()
+    return load_settings()
+
+
+@pytest.fixture(scope="session")
+def client(settings):
+    """A MinIO SDK client for the session's object store."""
+    from helpers import storage
+
+    return storage.get_client(settings)
+
+
+@pytest.fixture
+def bucket(client):
+    """A fresh, unique bucket name; the bucket is deleted after the test, pass or fail."""
+    import uuid
+
+    from helpers import storage
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    yield name
+    storage.delete_bucket(client, name)

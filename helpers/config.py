@@ -1,0 +1,205 @@
+"""Settings for every service, read from the environment (all notebooks).
+
+One function, :func:`load_settings`, builds a typed :class:`Settings` object.
+Nothing happens at import time. Values are looked up in this order, the
+first one found wins:
+
+1. the process environment,
+2. a ``.env`` file in the project root (see ``.env.example``),
+3. the seed articles' ``credentials.json`` (``url``, ``accessKey``,
+   ``secretKey``) in the project root, for the object store only,
+4. the embedded stack's state file (``.stack/stack.env``) that
+   ``python -m helpers.stack up`` writes.
+
+So pointing the same notebooks at a real MinIO, MLflow, lakeFS or Ray
+cluster needs environment variables only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+STATE_FILE_NAME = "stack.env"
+
+# Every setting, with the variable names accepted for it (first name is the
+# canonical one; the others are MinIO-style and seed-article aliases).
+ENV_NAMES: dict[str, tuple[str, ...]] = {
+    "s3_endpoint": ("S3_ENDPOINT", "MINIO_ENDPOINT", "MINIO_URL"),
+    "s3_access_key": ("S3_ACCESS_KEY", "MINIO_ACCESS_KEY", "MINIO_ROOT_USER"),
+    "s3_secret_key": (
+        "S3_SECRET_KEY",
+        "MINIO_SECRET_KEY",
+        "MINIO_SECRET_ACCESS_KEY",
+        "MINIO_ROOT_PASSWORD",
+    ),
+    "s3_secure": ("S3_SECURE", "MINIO_SECURE"),
+    "s3_region": ("S3_REGION",),
+    "bucket": ("MNIST_BUCKET",),
+    "mlflow_tracking_uri": ("MLFLOW_TRACKING_URI",),
+    "lakefs_endpoint": ("LAKEFS_ENDPOINT",),
+    "lakefs_access_key": ("LAKEFS_ACCESS_KEY_ID", "LAKEFS_ACCESS_KEY"),
+    "lakefs_secret_key": ("LAKEFS_SECRET_ACCESS_KEY", "LAKEFS_SECRET_KEY"),
+    "ray_address": ("RAY_ADDRESS",),
+}
+
+_SECRET_FIELDS = {"s3_access_key", "s3_secret_key", "lakefs_access_key", "lakefs_secret_key"}
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message says which and how to fix it."""
+
+
+class ParameterError(ValueError):
+    """A function was called with a bad parameter value; the message says the allowed values."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where every service lives and how to log in to it.
+
+    Secrets are kept out of ``repr()`` so printing the settings in a
+    notebook never shows them.
+    """
+
+    s3_endpoint: str = ""
+    s3_access_key: str = field(default="", repr=False)
+    s3_secret_key: str = field(default="", repr=False)
+    s3_secure: bool = False
+    s3_region: str = "us-east-1"
+    bucket: str = "mnist"
+    mlflow_tracking_uri: str = ""
+    lakefs_endpoint: str = ""
+    lakefs_access_key: str = field(default="", repr=False)
+    lakefs_secret_key: str = field(default="", repr=False)
+    ray_address: str = ""
+    sources: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def s3_host(self) -> str:
+        """``host:port`` of the object store, the form the MinIO SDK wants."""
+        return self.s3_endpoint.split("://", 1)[-1].rstrip("/")
+
+    @property
+    def s3_url(self) -> str:
+        """Full URL of the object store (``http://host:port``), for boto3 and pyarrow."""
+        scheme = "https" if self.s3_secure else "http"
+        return f"{scheme}://{self.s3_host}" if self.s3_host else ""
+
+    def describe(self) -> dict[str, str]:
+        """Every setting with secrets masked and where it came from, for display."""
+        out = {}
+        for f in fields(self):
+            if f.name == "sources":
+                continue
+            value = getattr(self, f.name)
+            if f.name in _SECRET_FIELDS:
+                value = "****" if value else "(unset)"
+            out[f.name] = f"{value}  [{self.sources.get(f.name, 'default')}]"
+        return out
+
+    def require_object_store(self) -> None:
+        """Raise :class:`ConfigError` naming the fix when the object store is not configured."""
+        if not self.s3_endpoint or not self.s3_access_key or not self.s3_secret_key:
+            raise ConfigError(
+                "No object store is configured. Start the embedded one with "
+                "`python -m helpers.stack up` (or `make stack-up`), or set S3_ENDPOINT, "
+                "S3_ACCESS_KEY and S3_SECRET_KEY (see .env.example)."
+            )
+
+
+def project_root(start: Path | None = None) -> Path:
+    """The repository root: the nearest folder upwards holding ``pyproject.toml`` and ``helpers/``.
+
+    Falls back to the folder above the installed ``helpers`` package, so
+    notebooks find the same ``.env`` and ``.stack`` whether they run from
+    ``notebooks/`` or from the root.
+    """
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "helpers").is_dir():
+            return folder
+    return Path(__file__).resolve().parent.parent
+
+
+def state_dir(root: Path | None = None) -> Path:
+    """Folder of the embedded stack's state (``STACK_STATE_DIR`` or ``<root>/.stack``)."""
+    if os.environ.get("STACK_STATE_DIR"):
+        return Path(os.environ["STACK_STATE_DIR"]).resolve()
+    return (root or project_root()) / ".stack"
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean: use true or false.")
+
+
+def _credentials_json(path: Path) -> dict[str, str]:
+    """Read the seed article's credentials.json shape into our variable names."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path.name} is not valid JSON ({err.msg}); fix or delete it.") from None
+    mapping = {"url": "MINIO_URL", "accessKey": "MINIO_ACCESS_KEY", "secretKey": "MINIO_SECRET_ACCESS_KEY"}
+    return {env: str(data[key]) for key, env in mapping.items() if data.get(key)}
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    return {k: v for k, v in dotenv_values(path).items() if v is not None}
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None,
+    root: Path | None = None,
+    stack_state: Path | None = None,
+) -> Settings:
+    """Build the :class:`Settings` from environment, ``.env``, credentials.json and stack state.
+
+    Args:
+        environ: variables to use instead of ``os.environ`` (tests pass their own).
+        root: project root holding ``.env``/``credentials.json``; found by default.
+        stack_state: the embedded stack's state folder; ``.stack`` by default.
+
+    Returns:
+        The settings, with ``sources`` telling where each value came from.
+
+    Raises:
+        ConfigError: a value is malformed (for example ``S3_SECURE=maybe``).
+    """
+    environ = os.environ if environ is None else environ
+    root = root or project_root()
+    stack_state = stack_state or state_dir(root)
+    layers = [
+        ("environment", dict(environ)),
+        (".env", _read_env_file(root / ".env")),
+        ("credentials.json", _credentials_json(root / "credentials.json")),
+        ("stack", _read_env_file(stack_state / STATE_FILE_NAME)),
+    ]
+    values: dict[str, object] = {}
+    sources: dict[str, str] = {}
+    for name, aliases in ENV_NAMES.items():
+        for source, layer in layers:
+            hit = next((a for a in aliases if layer.get(a, "").strip()), None)
+            if hit:
+                values[name] = layer[hit].strip()
+                sources[name] = f"{source}:{hit}"
+                break
+    if "s3_secure" in values:
+        values["s3_secure"] = _parse_bool("S3_SECURE", str(values["s3_secure"]))
+    endpoint = str(values.get("s3_endpoint", ""))
+    if endpoint.startswith("https://") and "s3_secure" not in sources:
+        values["s3_secure"] = True
+    return Settings(**values, sources=sources)  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""What a notebook shows besides plots: a quiet set-up, timings and a closing summary (all notebooks)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from helpers.config import ConfigError, ParameterError
+from helpers.mnist import MnistUnavailableError
+from helpers.stack import StackError
+from helpers.storage import StorageError
+
+# Errors a user can fix: a notebook shows their one-line message, not a traceback.
+USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError)
+
+
+def setup(quiet: bool = True) -> None:
+    """Prepare a notebook: keep library log noise out of the outputs and show user errors in one line."""
+    if quiet:
+        for name in ("urllib3", "botocore", "mlflow", "alembic", "ray", "filelock"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None:
+        return
+
+    def one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
+        # Still an error (with its name) for papermill and nbval; only the display is shortened.
+        shell.showtraceback((etype, value, tb), exception_only=True)
+
+    shell.set_custom_exc(USER_ERRORS, one_line)
+
+
+@contextlib.contextmanager
+def timed(label: str) -> Iterator[dict[str, float]]:
+    """Time a block and print ``label: N.NN s``; the seconds are in the yielded dict's ``"seconds"``."""
+    result: dict[str, float] = {}
+    started = time.perf_counter()
+    try:
+        yield result
+    finally:
+        result["seconds"] = time.perf_counter() - started
+        print(f"{label}: {result['seconds']:.2f} s")
+
+
+def show_summary(title: str, facts: Mapping[str, Any]) -> None:
+    """Show what the notebook produced as a small table (and as JSON, which the tests read)."""
+    from IPython.display import display
+
+    rows = "\n".join(f"| {key} | {value} |" for key, value in facts.items())
+    markdown = f"**{title}**\n\n| | |\n|---|---|\n{rows}"
+    display({"text/markdown": markdown, "application/json": dict(facts)}, raw=True)

@@ -1,0 +1,50 @@
+"""Small matplotlib figures the notebooks show (all notebooks)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.figure import Figure
+
+
+def show_digits(images: np.ndarray, labels: Sequence[int], cols: int = 8,
+                title: str | None = None, predictions: Sequence[int] | None = None) -> Figure:
+    """A grid of digits with their labels (and predictions, red where wrong) (notebooks 01, 03, 04)."""
+    count = len(images)
+    rows = max(1, -(-count // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(cols * 1.1, rows * 1.25))
+    for i, ax in enumerate(np.atleast_1d(axes).ravel()):
+        ax.axis("off")
+        if i >= count:
+            continue
+        ax.imshow(np.asarray(images[i]).reshape(28, 28), cmap="gray_r")
+        text, color = str(int(labels[i])), "black"
+        if predictions is not None:
+            text = f"{int(labels[i])}→{int(predictions[i])}"
+            color = "black" if int(labels[i]) == int(predictions[i]) else "crimson"
+        ax.set_title(text, fontsize=9, color=color)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def bar_chart(values: Mapping[str, float], title: str, ylabel: str, fmt: str = "{:,.0f}",
+              log: bool = False, highlight: str | None = None) -> Figure:
+    """Bars with their values written on top: the shape of every timing comparison (notebooks 01-03)."""
+    fig, ax = plt.subplots(figsize=(min(10.0, max(4.0, 0.9 * len(values) + 1.5)), 3.2))
+    names = list(values)
+    colors = ["tab:orange" if name == highlight else "tab:blue" for name in names]
+    bars = ax.bar(names, [values[n] for n in names], color=colors)
+    ax.bar_label(bars, labels=[fmt.format(values[n]) for n in names], fontsize=8, padding=2)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
+    ax.margins(y=0.15)
+    ax.spines[["top", "right"]].set_visible(False)
+    plt.setp(ax.get_xticklabels(), rotation=30 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,112 @@
+"""Execute the numbered notebooks with papermill and summarise the run (``make run``).
+
+``python -m helpers.runner`` runs every ``notebooks/NN_*.ipynb`` at its
+default (smoke) parameters into ``runs/<timestamp>/`` and prints one line
+per notebook with its status and time. ``--in-place`` refreshes the
+committed notebooks' outputs instead, with papermill's machine-specific
+metadata removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from helpers.config import project_root
+
+# A notebook that needs a service the machine lacks raises this in its
+# first cell; the runner reports it as skipped, not as a crash.
+SKIP_MARKER = "NotebookSkipped"
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    """Outcome of one executed notebook."""
+
+    name: str
+    status: str  # "ok", "skipped" or "failed"
+    seconds: float
+    output: Path
+    message: str = ""
+
+
+def notebook_paths(root: Path | None = None, pattern: str = "[0-9][0-9]_*.ipynb") -> list[Path]:
+    """The numbered notebooks, in order."""
+    return sorted(((root or project_root()) / "notebooks").glob(pattern))
+
+
+def strip_machine_metadata(path: Path) -> None:
+    """Remove papermill's input/output paths and per-cell timings so a committed notebook holds no machine paths."""
+    nb = json.loads(path.read_text())
+    nb.get("metadata", {}).pop("papermill", None)
+    for cell in nb["cells"]:
+        cell.get("metadata", {}).pop("papermill", None)
+        cell.get("metadata", {}).pop("execution", None)
+    path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def execute(notebook: Path, output: Path, parameters: dict | None = None,
+            cell_timeout: int = 900) -> NotebookRun:
+    """Run one notebook with papermill (cwd = its folder) and classify the result."""
+    import papermill
+
+    started = time.perf_counter()
+    status, message = "ok", ""
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(output), parameters=parameters or {}, cwd=str(notebook.parent),
+            progress_bar=False, execution_timeout=cell_timeout, kernel_name="python3",
+        )
+    except papermill.PapermillExecutionError as err:
+        status = "skipped" if err.ename == SKIP_MARKER else "failed"
+        message = f"{err.ename}: {err.evalue}"
+    return NotebookRun(notebook.name, status, time.perf_counter() - started, output, message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Execute every notebook, print the summary; exit 1 if any failed."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.runner", description=__doc__.split("\n")[0])
+    parser.add_argument("--only", help="run only notebooks whose name contains this text")
+    parser.add_argument("--in-place", action="store_true", help="refresh the committed notebooks' outputs")
+    parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                        help="papermill parameter for every notebook (value parsed as JSON when it can be)")
+    args = parser.parse_args(argv)
+
+    parameters = {}
+    for name, raw in args.parameter:
+        try:
+            parameters[name] = json.loads(raw)
+        except json.JSONDecodeError:
+            parameters[name] = raw
+    root = project_root()
+    out_dir = root / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if not args.in_place:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for notebook in notebook_paths(root):
+        if args.only and args.only not in notebook.name:
+            continue
+        output = notebook if args.in_place else out_dir / notebook.name
+        print(f"running {notebook.name} ...", flush=True)
+        run = execute(notebook, output, parameters)
+        if args.in_place:
+            strip_machine_metadata(notebook)
+        runs.append(run)
+        print(f"  {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
+
+    where = "notebooks/ (in place)" if args.in_place else str(out_dir.relative_to(root)) + "/"
+    print(f"\n{'notebook':<40} {'status':<8} {'seconds':>8}")
+    for run in runs:
+        print(f"{run.name:<40} {run.status:<8} {run.seconds:>8.1f}")
+    print(f"{'total':<40} {'':<8} {sum(r.seconds for r in runs):>8.1f}")
+    print(f"Executed notebooks are in {where}")
+    return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

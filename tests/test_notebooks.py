@@ -1,0 +1,62 @@
+"""Every notebook executed by papermill with smoke parameters, asserting on what it produced."""
+
+import json
+
+import pytest
+
+from helpers import runner, storage
+
+pytestmark = pytest.mark.notebook
+
+
+def summary(output) -> dict:
+    """The JSON facts the notebook's cell tagged 'summary' displayed."""
+    nb = json.loads(output.read_text())
+    cells = [c for c in nb["cells"] if "summary" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, "a notebook has exactly one summary cell"
+    return next(o["data"]["application/json"] for o in cells[0]["outputs"] if "application/json" in o.get("data", {}))
+
+
+def run(name, tmp_path, **parameters):
+    notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / notebook.name, parameters)
+    assert result.status == "ok", result.message
+    return summary(result.output)
+
+
+def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
+    facts = run("01", tmp_path, bucket=bucket, smoke_test_size=120)
+    assert facts["objects"] == 140 and facts["train objects"] == 120 and facts["test objects"] == 20
+    assert facts["uploaded now"] == 140 and facts["uploaded on the second run"] == 0
+    keys = storage.list_objects_parallel(bucket, client=client)
+    assert len(keys) == len(set(keys)) == 140
+
+
+def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
+    facts = run("02", tmp_path, bucket=bucket, smoke_test_size=60)  # uploads itself: bucket is empty
+    assert (facts["train pointers"], facts["test pointers"]) == (60, 10)
+    assert facts["first pointer"] == "train/0/00001.png" and facts["first label"] == 0  # listings are key-sorted
+    assert (facts["smoke train pointers"], facts["smoke test pointers"]) == (60, 10)
+    assert facts["manifest listing s"] > 0
+    assert len(storage.list_objects_from_manifest(bucket, client=client)) == 70
+
+
+def test_a_bad_parameter_fails_the_run_with_one_clear_line(bucket, tmp_path):
+    notebook = runner.notebook_paths(pattern="01*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / "bad.ipynb", {"bucket": bucket, "smoke_test_size": -5})
+    assert result.status == "failed" and "ParameterError" in result.message
+    nb = json.loads((tmp_path / "bad.ipynb").read_text())
+    shown = [o for c in nb["cells"] for o in c.get("outputs", []) if "smoke_test_size=-5" in json.dumps(o)]
+    assert shown, "the message is shown in the notebook"
+    assert "Traceback" not in json.dumps(shown) and len(json.dumps(shown)) < 1500
+
+
+def test_committed_notebooks_have_parameters_and_no_machine_paths():
+    for notebook in runner.notebook_paths():
+        nb = json.loads(notebook.read_text())
+        tags = [t for c in nb["cells"] for t in c.get("metadata", {}).get("tags", [])]
+        assert "parameters" in tags and "summary" in tags, notebook.name
+        assert "papermill" not in nb["metadata"], notebook.name
+        text = json.dumps([c.get("outputs", []) for c in nb["cells"] if c["cell_type"] == "code"])
+        assert "/root/" not in text and "/home/" not in text and "/tmp/" not in text, notebook.name
+        assert '"output_type": "error"' not in text, notebook.name

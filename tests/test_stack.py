@@ -1,0 +1,123 @@
+"""Lifecycle of the embedded stack, on private ports and a private state folder."""
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from helpers import stack, storage
+from helpers.config import load_settings
+
+
+@pytest.fixture
+def state(tmp_path):
+    """A private state folder; whatever the test started is stopped afterwards."""
+    yield tmp_path
+    stack.down(tmp_path)
+
+
+def private_ports():
+    return stack.free_ports(list(stack.DEFAULT_PORTS))
+
+
+def cli(*args, state):
+    return subprocess.run([sys.executable, "-m", "helpers.stack", *args, "--state-dir", str(state)],
+                          capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_up_twice_status_and_down(state):
+    rows = {r.name: r for r in stack.up(state, ports=private_ports())}
+    assert rows["seaweedfs"].healthy and rows["mlflow"].healthy
+    assert rows["seaweedfs"].detail == "started"
+    pids = {name: rows[name].pid for name in ("seaweedfs", "mlflow")}
+
+    again = {r.name: r for r in stack.up(state)}  # ports remembered from the first call
+    assert {name: again[name].pid for name in pids} == pids
+    assert again["mlflow"].detail == "already running"
+
+    result = cli("status", state=state)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("healthy") == 2
+
+    settings = load_settings(environ={}, stack_state=state)
+    assert settings.s3_endpoint.startswith("http://127.0.0.1:") and settings.mlflow_tracking_uri
+    client = storage.get_client(settings)
+    storage.ensure_bucket(client, "persisted")
+
+    assert sorted(stack.down(state)) == ["mlflow", "seaweedfs"]
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in pids.values())
+    assert not any(r.running for r in stack.status(state))
+    assert stack.down(state) == []
+
+    # Data persists across a restart.
+    stack.up(state, with_mlflow=False)
+    assert client.bucket_exists("persisted")
+
+
+def test_port_in_use_is_named(state):
+    ports = private_ports()
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", ports["s3"]))
+        blocker.listen()
+        with pytest.raises(stack.PortInUseError) as err:
+            stack.up(state, ports=ports, with_mlflow=False)
+        result = cli("up", "--no-mlflow", state=state)  # the CLI says it in one line, exit 1
+    assert str(ports["s3"]) in str(err.value) and "--s3-port" in str(err.value)
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "already in use" in result.stderr
+    assert not any(r.running for r in stack.status(state))
+
+
+def test_down_stops_only_what_up_started(state):
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (state / "seaweedfs.pid").write_text(str(stranger.pid))  # a pid that is not ours
+        assert stack.down(state) == []
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+@pytest.mark.slow
+def test_interrupted_upload_resumes_without_duplicates(state):
+    stack.up(state, ports=private_ports(), with_mlflow=False)
+    client = storage.get_client(load_settings(environ={}, stack_state=state), retries=0)
+    bucket, smoke = "resume", 6000  # 6,000 + 1,000 objects: several seconds of uploading
+
+    errors = []
+
+    def upload():
+        try:
+            storage.upload_mnist(bucket, smoke, client=client, progress=False)
+        except storage.StorageError as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=upload)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and worker.is_alive():
+        time.sleep(0.2)
+        try:
+            if len(storage.list_objects_parallel(bucket, client=client)) > 200:
+                break
+        except storage.StorageError:
+            pass
+    stack.kill_service("seaweedfs", state)  # SIGKILL, mid-upload
+    worker.join(timeout=120)
+    assert errors and "run the same call again" in str(errors[0])
+
+    stack.up(state, with_mlflow=False)
+    partial = len(storage.list_objects_parallel(bucket, client=client))
+    assert 0 < partial < 7000
+    report = storage.upload_mnist(bucket, smoke, client=client, progress=False)
+    assert report.skipped == partial and report.uploaded == 7000 - partial
+    keys = storage.list_objects_parallel(bucket, client=client)
+    assert len(keys) == len(set(keys)) == 7000
+    assert sorted(storage.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
