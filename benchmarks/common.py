@@ -7,9 +7,9 @@ import os
 import platform
 import statistics
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -33,7 +33,7 @@ def write_results(name: str, payload: dict) -> Path:
     """Write ``benchmarks/results/<name>.json`` with the machine facts and a UTC timestamp."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    payload = {"benchmark": name, "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    payload = {"benchmark": name, "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
                "machine": machine(), **payload}
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path
