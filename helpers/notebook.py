@@ -56,3 +56,13 @@ def show_summary(title: str, facts: Mapping[str, Any]) -> None:
     rows = "\n".join(f"| {key} | {value} |" for key, value in facts.items())
     markdown = f"**{title}**\n\n| | |\n|---|---|\n{rows}"
     display({"text/markdown": markdown, "application/json": dict(facts)}, raw=True)
+
+
+def benchmark_results(name: str) -> dict[str, Any] | None:
+    """The measured results ``benchmarks/results/<name>.json`` written by ``make bench`` (None if absent)."""
+    import json
+
+    from helpers.config import project_root
+
+    path = project_root() / "benchmarks" / "results" / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -48,3 +48,34 @@ def bar_chart(values: Mapping[str, float], title: str, ylabel: str, fmt: str = "
     plt.setp(ax.get_xticklabels(), rotation=30 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
     fig.tight_layout()
     return fig
+
+
+def confusion_matrix_figure(matrix: np.ndarray, title: str = "Confusion matrix (test set)") -> Figure:
+    """A 10x10 confusion matrix with counts in the cells (notebook 04)."""
+    fig, ax = plt.subplots(figsize=(4.6, 4.0))
+    ax.imshow(matrix, cmap="Blues")
+    for (i, j), count in np.ndenumerate(matrix):
+        if count:
+            ax.text(j, i, str(count), ha="center", va="center", fontsize=7,
+                    color="white" if count > matrix.max() / 2 else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_xticks(range(matrix.shape[1]))
+    ax.set_yticks(range(matrix.shape[0]))
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def curves(series: Mapping[str, Sequence[tuple[int, float]]], title: str, xlabel: str = "epoch") -> Figure:
+    """One small panel per metric, each a line over steps (notebooks 04-05)."""
+    fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series), 2.8), squeeze=False)
+    for ax, (name, points) in zip(axes[0], series.items(), strict=True):
+        steps, values = zip(*points, strict=True) if points else ((), ())
+        ax.plot(steps, values, marker="o")
+        ax.set_title(name)
+        ax.set_xlabel(xlabel)
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -184,16 +184,17 @@ def _load_or_create_keys(state: Path) -> tuple[str, str]:
     return access, secret
 
 
-def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str, mlflow: bool) -> None:
+def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str) -> None:
+    # MLflow's URI is written even by `up --no-mlflow`: its port is reserved, and a
+    # client then says "not reachable at <uri>" rather than "not configured".
     lines = [
         "# Written by `python -m helpers.stack up`; read by helpers.config.load_settings().",
         f"S3_ENDPOINT=http://127.0.0.1:{ports['s3']}",
         f"S3_ACCESS_KEY={access}",
         f"S3_SECRET_KEY={secret}",
         "S3_SECURE=false",
+        f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}",
     ]
-    if mlflow:
-        lines.append(f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}")
     path = _paths(state)["env"]
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
@@ -304,7 +305,7 @@ def up(
         folder.mkdir(parents=True, exist_ok=True)
     ports = _load_or_choose_ports(state, ports)
     access, secret = _load_or_create_keys(state)
-    _write_env_file(state, ports, access, secret, with_mlflow)
+    _write_env_file(state, ports, access, secret)
     settings = load_settings(environ={}, stack_state=state)
     started = []
 
