@@ -1,0 +1,117 @@
+"""Training throughput: Ray Train (2 workers) vs a plain single-process PyTorch loop, side by side.
+
+Both train the same MLP on the same preprocessed 60,000 images with the same
+global batch size. Ray Train's run is the full-size training run of notebook
+04, so it also gives the full-size test accuracy and training time.
+
+    python benchmarks/bench_training.py [--epochs 10] [--plain-epochs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from common import print_table, write_results
+from torch import nn
+
+from helpers import data, stack, storage, train
+
+
+def plain_loop(images: np.ndarray, labels: np.ndarray, params: dict, batch_size: int, epochs: int) -> list[dict]:
+    """The same model and optimizer in one process, batches sliced from in-memory tensors."""
+    torch.manual_seed(0)
+    net = train.model_from_params(params)
+    optimizer = train.make_optimizer(params["optimizer"], net.parameters(), params["lr"], params["momentum"])
+    loss_fn = nn.NLLLoss()
+    x, y = torch.as_tensor(images), torch.as_tensor(labels, dtype=torch.int64)
+    rows = []
+    for epoch in range(epochs):
+        order = torch.randperm(len(x))
+        data_s = compute_s = 0.0
+        started = time.perf_counter()
+        for i in range(0, len(x), batch_size):
+            t0 = time.perf_counter()
+            idx = order[i:i + batch_size]
+            xb, yb = x[idx], y[idx]
+            t1 = time.perf_counter()
+            optimizer.zero_grad()
+            loss_fn(net(xb), yb).backward()
+            optimizer.step()
+            data_s += t1 - t0
+            compute_s += time.perf_counter() - t1
+        seconds = time.perf_counter() - started
+        rows.append({"epoch": epoch, "seconds": seconds, "samples/s": len(x) / seconds,
+                     "data_seconds": data_s, "compute_seconds": compute_s})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--plain-epochs", type=int, default=3)
+    parser.add_argument("--bucket", default="bench-listing")
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--batch-size-per-worker", type=int, default=64)
+    args = parser.parse_args()
+
+    settings = stack.ensure_stack()
+    storage.upload_mnist(args.bucket, 0, client=storage.get_client(settings), progress=False)
+    params = {**train.DEFAULT_PARAMS, "epochs": args.epochs, "batch_size_per_worker": args.batch_size_per_worker}
+
+    # Ray Train, full size: also notebook 04's accuracy target.
+    result = train.distributed_training(params, num_workers=args.num_workers, bucket=args.bucket,
+                                        smoke_test_size=0, experiment="bench-training", settings=settings)
+    # One worker with the same global batch: no gradient all-reduce, so the gap to the
+    # two-worker row is the cost of synchronising gradients every step.
+    single = train.distributed_training(
+        {**params, "epochs": args.plain_epochs, "batch_size_per_worker": args.batch_size_per_worker * args.num_workers},
+        num_workers=1, bucket=args.bucket, smoke_test_size=0, experiment="bench-training", settings=settings,
+        verbose=False)
+
+    # Plain loop over the same preprocessed tensors (all CPUs for one process).
+    train_ds, _ = train.load_datasets(args.bucket, 0, settings)
+    images, labels = train.dataset_to_numpy(train_ds)
+    data.shutdown_ray()
+    torch.set_num_threads(2)
+    plain = plain_loop(images, labels, params, args.batch_size_per_worker * args.num_workers, args.plain_epochs)
+
+    def ray_row(name: str, history: list[dict]) -> dict:
+        epochs = history[1:] or history  # epoch 0 includes the dataset's start-up
+        return {"loop": name, "samples/s": round(statistics.median(r["samples"] / r["epoch_seconds"] for r in epochs)),
+                "epoch s": round(statistics.median(r["epoch_seconds"] for r in epochs), 2),
+                "data s (rank 0)": round(statistics.median(r["data_seconds"] for r in epochs), 2),
+                "compute s (rank 0)": round(statistics.median(r["compute_seconds"] for r in epochs), 2)}
+
+    rows = [
+        ray_row(f"Ray Train, {args.num_workers} workers x {args.batch_size_per_worker}", result.history),
+        ray_row(f"Ray Train, 1 worker x {args.batch_size_per_worker * args.num_workers}", single.history),
+        {"loop": f"plain PyTorch, 1 process x {args.batch_size_per_worker * args.num_workers}",
+         "samples/s": round(statistics.median(r["samples/s"] for r in plain)),
+         "epoch s": round(statistics.median(r["seconds"] for r in plain), 2),
+         "data s (rank 0)": round(statistics.median(r["data_seconds"] for r in plain), 2),
+         "compute s (rank 0)": round(statistics.median(r["compute_seconds"] for r in plain), 2)},
+    ]
+    ray_rate, plain_rate = rows[0]["samples/s"], rows[-1]["samples/s"]
+    print_table("Training throughput (60,000 images, median epoch, global batch "
+                f"{args.batch_size_per_worker * args.num_workers})", rows,
+                ["loop", "samples/s", "epoch s", "data s (rank 0)", "compute s (rank 0)"])
+    print(f"\nratio Ray Train ({args.num_workers} workers) / plain: {ray_rate / plain_rate:.2f}")
+    print(f"full-size test accuracy: {result.test_accuracy:.4f} after {args.epochs} epochs; "
+          f"load {result.load_seconds:.0f} s, training {result.training_seconds:.0f} s")
+    path = write_results("training", {
+        "params": params, "num_workers": args.num_workers, "rows": rows,
+        "ray_vs_plain": ray_rate / plain_rate, "one_worker_vs_plain": rows[1]["samples/s"] / plain_rate,
+        "ray_history": result.history, "one_worker_history": single.history, "plain_history": plain,
+        "full_size": {"test_accuracy": result.test_accuracy, "epochs": args.epochs,
+                      "load_seconds": result.load_seconds, "training_seconds": result.training_seconds,
+                      "mlflow_run_id": result.mlflow_run_id},
+    })
+    print(f"written to {path.relative_to(path.parents[2])}")
+
+
+if __name__ == "__main__":
+    main()
