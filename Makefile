@@ -39,6 +39,7 @@ notebooks: $(STAMP)  ## refresh the committed notebooks' outputs (smoke size)
 
 bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout
 	$(PY) benchmarks/bench_upload_listing.py
+	$(PY) benchmarks/bench_data_loading.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py

@@ -60,3 +60,24 @@ def test_committed_notebooks_have_parameters_and_no_machine_paths():
         text = json.dumps([c.get("outputs", []) for c in nb["cells"] if c["cell_type"] == "code"])
         assert "/root/" not in text and "/home/" not in text and "/tmp/" not in text, notebook.name
         assert '"output_type": "error"' not in text, notebook.name
+
+
+def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
+    facts = run("03", tmp_path, bucket=bucket, smoke_test_size=450, batch_size=400)
+    assert facts["pointers"] == 450 and facts["batches"] == 2
+    assert facts["batch shape"] == [400, 1, 28, 28]
+    assert facts["rows (tasks / actors / read_images / parquet)"] == [450] * 4
+    assert facts["worker processes"] >= 2  # the task and the actor processes logged their batches
+    assert all(facts[f"{name} images/s"] > 0 for name in ("tasks", "actors", "read_images", "parquet"))
+
+
+def test_04_trains_tracks_and_tests(bucket, tmp_path, settings):
+    from helpers import tracking
+
+    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, epochs=6, hidden_sizes=[64])
+    assert facts["epochs"] == 6 and facts["last epoch loss"] < facts["first epoch loss"]
+    assert facts["test accuracy"] > 0.6 and facts["test images"] == 50
+    assert facts["checkpoint"].startswith(f"s3://{bucket}/ray-results/")
+    steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, facts["MLflow run id"],
+                                                         "train_loss")]
+    assert steps == list(range(6))
