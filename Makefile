@@ -40,6 +40,9 @@ notebooks: $(STAMP)  ## refresh the committed notebooks' outputs (smoke size)
 bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout
 	$(PY) benchmarks/bench_upload_listing.py
 	$(PY) benchmarks/bench_data_loading.py
+	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_tune.py
+	$(PY) benchmarks/bench_tune.py --smoke-test-size 12000
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py

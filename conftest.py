@@ -9,6 +9,7 @@ first need, by a test fixture or by the first nbval cell.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -89,3 +90,19 @@ def bucket(client):
     name = f"t-{uuid.uuid4().hex[:12]}"
     yield name
     storage.delete_bucket(client, name)
+
+
+@contextlib.contextmanager
+def uploaded_bucket(client, prefix: str, smoke_test_size: int):
+    """A unique bucket holding ``smoke_test_size`` MNIST images, deleted afterwards; Ray stopped too."""
+    import uuid
+
+    from helpers import data, storage
+
+    name = f"t-{prefix}-{uuid.uuid4().hex[:8]}"
+    storage.upload_mnist(name, smoke_test_size, client=client, progress=False)
+    try:
+        yield name
+    finally:
+        storage.delete_bucket(client, name)
+        data.shutdown_ray()

@@ -79,3 +79,33 @@ def curves(series: Mapping[str, Sequence[tuple[int, float]]], title: str, xlabel
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def trial_curves(history: Mapping[str, Sequence[tuple[int, float]]], title: str) -> Figure:
+    """Validation accuracy over epochs, one line per trial (notebook 05)."""
+    fig, ax = plt.subplots(figsize=(6.0, 3.4))
+    for trial, points in sorted(history.items()):
+        steps, values = zip(*points, strict=True) if points else ((), ())
+        ax.plot(steps, values, marker="o", markersize=3, label=trial.split("_")[-1])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncols=2, title="trial", title_fontsize=7)
+    ax.spines[["top", "right"]].set_visible(False)
+    fig.tight_layout()
+    return fig
+
+
+def scatter_panels(table, columns: Sequence[str], metric: str, title: str) -> Figure:
+    """The metric against each column of a results table, one panel per column (notebook 05)."""
+    fig, axes = plt.subplots(1, len(columns), figsize=(3.3 * len(columns), 2.8), sharey=True, squeeze=False)
+    for ax, column in zip(axes[0], columns, strict=True):
+        ax.scatter(table[column], table[metric], s=18)
+        ax.set_xlabel(column.removeprefix("config/"))
+        if column.endswith("lr"):
+            ax.set_xscale("log")
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0][0].set_ylabel(metric)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -122,6 +122,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
                 tracker.log({k: past[k] for k in ("train_loss", "train_accuracy")}, step=past["epoch"])
 
     shard = ray.train.get_dataset_shard("train")
+    validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
     for epoch in range(start_epoch, config["epochs"]):
         _maybe_fail(config, epoch, rank)
         net.train()
@@ -148,6 +149,9 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
         metrics = {"train_loss": loss_sum / max(count, 1), "train_accuracy": correct / max(count, 1),
                    "epoch_seconds": time.perf_counter() - started, "data_seconds": data_s,
                    "compute_seconds": compute_s, "samples": count}
+        if validation is not None:
+            # "mean_accuracy" is the name the Tune sweeps (and the seed) optimise.
+            metrics["val_accuracy"] = metrics["mean_accuracy"] = _validate(net, validation)
         history.append({"epoch": epoch, **{k: metrics[k] for k in (
             "train_loss", "train_accuracy", "epoch_seconds", "data_seconds", "compute_seconds", "samples")}})
 
@@ -160,7 +164,20 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report({**metrics, "epoch": epoch}, checkpoint=checkpoint)
         # Logged after the checkpoint is stored, so a resume never logs an epoch twice.
-        tracker.log({"train_loss": metrics["train_loss"], "train_accuracy": metrics["train_accuracy"]}, step=epoch)
+        tracker.log({k: metrics[k] for k in ("train_loss", "train_accuracy", "val_accuracy") if k in metrics},
+                    step=epoch)
+
+
+@torch.no_grad()
+def _validate(net: nn.Module, shard) -> float:
+    """Accuracy on this worker's validation shard, all-reduced over the workers."""
+    net.eval()
+    correct = count = 0.0
+    for batch in shard.iter_torch_batches(batch_size=1000, dtypes={"X": torch.float32, "y": torch.int64}):
+        correct += float((net(batch["X"]).argmax(dim=1) == batch["y"]).sum())
+        count += len(batch["y"])
+    correct, count = _all_reduce_sum([correct, count])
+    return correct / max(count, 1)
 
 
 def _model_params(config: dict[str, Any]) -> dict[str, Any]:

@@ -81,3 +81,12 @@ def test_04_trains_tracks_and_tests(bucket, tmp_path, settings):
     steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, facts["MLflow run id"],
                                                          "train_loss")]
     assert steps == list(range(6))
+
+
+def test_05_sweeps_from_the_known_good_point(bucket, tmp_path, settings):
+    from helpers import tune
+
+    facts = run("05", tmp_path, bucket=bucket, smoke_test_size=300, num_samples=3, epochs=3)
+    assert facts["trials"] == 3 and facts["first trial is the known-good point"] is True
+    assert 0 < facts["best test accuracy"] <= 1 and 0 < facts["best validation accuracy"] <= 1
+    assert len(tune.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])) == 3

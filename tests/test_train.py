@@ -6,6 +6,7 @@ import uuid
 import pytest
 import ray.train
 
+from conftest import uploaded_bucket
 from helpers import data, model, storage, tracking, train
 
 SMOKE = 300
@@ -15,11 +16,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def train_bucket(client):
-    name = f"t-train-{uuid.uuid4().hex[:8]}"
-    storage.upload_mnist(name, SMOKE, client=client, progress=False)
-    yield name
-    storage.delete_bucket(client, name)
-    data.shutdown_ray()
+    with uploaded_bucket(client, "train", SMOKE) as name:
+        yield name
 
 
 @pytest.fixture(scope="module")
