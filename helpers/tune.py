@@ -280,9 +280,11 @@ def run_sweep(
         import ray.data
 
         per_worker = train.worker_resources(num_workers * max_concurrent_trials, False, cluster.get("CPU", 1.0))
-        datasets = {"train": ray.data.from_numpy(arrays["x_train"]).zip(ray.data.from_numpy(arrays["y_train"])),
-                    "validation": ray.data.from_numpy(arrays["x_val"]).zip(ray.data.from_numpy(arrays["y_val"]))}
-        datasets = {k: v.rename_columns({"data": "X", "data_1": "y"}).materialize() for k, v in datasets.items()}
+        datasets = {
+            name: ray.data.from_items([{"X": x, "y": int(label)} for x, label in
+                                       zip(arrays[f"x_{part}"], arrays[f"y_{part}"], strict=True)]).materialize()
+            for name, part in (("train", "train"), ("validation", "val"))
+        }
         trainable = tune.with_resources(tune.with_parameters(distributed_trial, datasets=datasets), {"cpu": 0.01})
         param_space |= {"num_workers": num_workers, "cpus_per_worker": per_worker["CPU"],
                         "storage_path": f"{bucket}/tune-results/{name}-train"}
