@@ -289,8 +289,7 @@ def upload_mnist(
     encode_image(np.zeros((28, 28), np.uint8), image_format)  # validates the format up front
     smoke_sizes(smoke_test_size)
     client = client or get_client(max_connections=max_workers)
-    check_connection(client)
-    ensure_bucket(client, bucket)
+    ensure_bucket(client, bucket)  # also the connection and credentials check (no ListAllMyBuckets needed)
 
     append_round = None
     if append:
