@@ -162,12 +162,6 @@ def object_store_errors(client: Minio, bucket: str | None = None) -> Iterator[No
         raise clear from None
 
 
-def check_connection(client: Minio) -> None:
-    """Fail fast with a clear error when the store is down or the keys are wrong."""
-    with object_store_errors(client):
-        client.list_buckets()
-
-
 def ensure_bucket(client: Minio, bucket: str) -> bool:
     """Create ``bucket`` if it is missing. Returns True when it was created."""
     with object_store_errors(client, bucket):

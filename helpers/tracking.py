@@ -5,7 +5,7 @@ driver's process state; Ray Train workers are other processes and never see
 it. So the driver creates the run and passes its **run id and tracking URI in
 the train loop config**, and rank 0 logs per-epoch metrics with
 ``MlflowClient(uri).log_metric(run_id, ...)`` (or the REST call the seed
-used, :func:`log_metric_rest`). Ray's ``ray.train.torch``-agnostic
+used, :func:`log_metric_rest`). Ray's own
 ``ray.air.integrations.mlflow.setup_mlflow`` is the packaged alternative.
 
 If the tracking server cannot be reached, tracking turns itself off with one
