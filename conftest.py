@@ -5,6 +5,11 @@ Otherwise a private embedded stack is started on free ports in a temporary
 folder (never the developer's ``.stack``) and its endpoints are exported,
 so notebooks executed by papermill or nbval see them too. It is started on
 first need, by a test fixture or by the first nbval cell.
+
+lakeFS: where ``LAKEFS_ENDPOINT`` is set, the lakeFS tests run against that
+server. Otherwise the lakeFS API test double (``tests/lakefs_double.py``)
+is started on a free port and its endpoint and keys are exported the same
+way.
 """
 
 from __future__ import annotations
@@ -44,14 +49,36 @@ def session_stack() -> Path | None:
     return state
 
 
+def session_lakefs() -> str:
+    """Start (once) the lakeFS test double unless a real lakeFS is configured; returns "real" or "double"."""
+    if "lakefs" in _SESSION:
+        return _SESSION["lakefs"]  # type: ignore[return-value]
+    session_stack()
+    if os.environ.get("LAKEFS_ENDPOINT"):
+        _SESSION["lakefs"] = "real"
+        return "real"
+    from helpers.config import load_settings
+    from tests.lakefs_double import LakeFSServer
+
+    server = LakeFSServer(load_settings(), import_step_delay=0.05).__enter__()
+    os.environ.update(server.env())
+    _SESSION["lakefs"], _SESSION["lakefs_server"] = "double", server
+    return "double"
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start the stack for nbval cells, which are not functions and so get no fixtures."""
+    """Start the services for nbval cells, which are not functions and so get no fixtures."""
     if type(item).__module__.startswith("nbval"):
         session_stack()
+        if "lakefs" in str(item.fspath):
+            session_lakefs()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the private test stack and delete its state."""
+    server = _SESSION.get("lakefs_server")
+    if server is not None:
+        server.__exit__(None, None, None)
     state = _SESSION.get("state")
     if isinstance(state, Path):
         from helpers import stack
@@ -70,6 +97,12 @@ def settings():
 
     session_stack()
     return load_settings()
+
+
+@pytest.fixture(scope="session")
+def lakefs_kind() -> str:
+    """Which lakeFS the session uses: "real" (LAKEFS_ENDPOINT was set) or "double" (the test double)."""
+    return session_lakefs()
 
 
 @pytest.fixture(scope="session")

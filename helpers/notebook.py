@@ -12,9 +12,21 @@ from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
 from helpers.storage import StorageError
+from helpers.versioning import LakeFSError
+
+
+class NotebookSkipped(RuntimeError):
+    """A service the notebook needs is missing: it stops at its first cell and the runner reports "skipped"."""
+
 
 # Errors a user can fix: a notebook shows their one-line message, not a traceback.
-USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError)
+USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError, LakeFSError,
+               NotebookSkipped)
+
+
+def skip_notebook(needs: str, reason: object) -> None:
+    """Stop the notebook here with one line saying why and how to get what is missing."""
+    raise NotebookSkipped(f"This notebook needs {needs} and stops here. {reason}")
 
 
 def setup(quiet: bool = True) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -85,16 +86,15 @@ def main(argv: list[str] | None = None) -> int:
             parameters[name] = raw
     root = project_root()
     out_dir = root / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
-    if not args.in_place:
-        out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     for notebook in notebook_paths(root):
         if args.only and args.only not in notebook.name:
             continue
-        output = notebook if args.in_place else out_dir / notebook.name
         print(f"running {notebook.name} ...", flush=True)
-        run = execute(notebook, output, parameters)
-        if args.in_place:
+        run = execute(notebook, out_dir / notebook.name, parameters)
+        if args.in_place and run.status == "ok":  # a skipped or failed run never replaces the committed outputs
+            shutil.copyfile(run.output, notebook)
             strip_machine_metadata(notebook)
         runs.append(run)
         print(f"  {run.status} in {run.seconds:.1f} s {run.message}", flush=True)

@@ -516,6 +516,17 @@ def count_objects(bucket: str = "mnist", client: Minio | None = None) -> dict[st
     return dict(sorted(Counter(key.rsplit("/", 1)[0] for key in keys).items()))
 
 
+def bucket_usage(bucket: str, prefix: str = "", client: Minio | None = None) -> dict[str, int]:
+    """Objects and bytes stored under ``prefix`` of ``bucket`` (notebook 06: an import copies nothing)."""
+    client = client or get_client()
+    objects = size = 0
+    with object_store_errors(client, bucket):
+        for obj in client.list_objects(bucket, prefix=prefix or None, recursive=True):
+            objects += 1
+            size += int(obj.size or 0)
+    return {"objects": objects, "bytes": size}
+
+
 # --- single objects ------------------------------------------------------------------------
 
 def read_object(client: Minio, bucket: str, key: str) -> bytes:

@@ -90,3 +90,56 @@ def test_05_sweeps_from_the_known_good_point(bucket, tmp_path, settings):
     assert facts["trials"] == 3 and facts["first trial is the known-good point"] is True
     assert 0 < facts["best test accuracy"] <= 1 and 0 < facts["best validation accuracy"] <= 1
     assert len(tune.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])) == 3
+
+
+@pytest.mark.lakefs
+def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakefs_kind, client):
+    import lakefs
+
+    from helpers import versioning
+    from helpers.config import load_settings
+
+    repo_name = f"t-nb-{bucket[2:10]}"
+    facts = run("06", tmp_path, bucket=bucket, repo_name=repo_name, smoke_test_size=180,
+                optimizers=["sgd", "adam"], epochs=[1, 2])
+    repo = lakefs.Repository(repo_name, client=versioning.connect(load_settings()))
+    try:
+        assert facts["objects imported"] == 180 + 30
+        assert facts["bucket objects after import"] == facts["bucket objects before import"]
+        assert facts["bucket bytes after import"] == facts["bucket bytes before import"]
+        assert facts["experiments"] == 4 and facts["all metrics match"] is True
+        for branch, commit_id in facts["experiment commits"].items():  # what the notebook says is in lakeFS
+            commit = repo.ref(commit_id).get_commit()
+            assert commit.metadata["experiment"] == branch and repo.branch(branch).get_commit().id == commit_id
+            assert versioning.decode_metadata(commit.metadata, "metric") == versioning.read_json(
+                repo, commit_id, versioning.METRICS_PATH)
+        winner = facts["experiment commits"][facts["winner"]]
+        committed = versioning.read_json(repo, winner, versioning.METRICS_PATH)["accuracy"]
+        assert facts["winner accuracy"] == round(committed, 4)
+        assert facts["recomputed accuracy"] == facts["winner accuracy"]
+        assert facts["tag"] == "model-v1" and repo.tag("model-v1").get_commit().id == facts["merge commit"]
+        assert facts["reproduced"] is True
+    finally:
+        repo.delete()
+
+
+def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bucket, tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("LAKEFS_ENDPOINT", f"http://127.0.0.1:{port}")  # the kernel inherits it: nothing listens
+    monkeypatch.setenv("LAKEFS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("LAKEFS_SECRET_ACCESS_KEY", "secret")
+    notebook = runner.notebook_paths(pattern="06*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / notebook.name, {"bucket": bucket})
+    assert result.status == "skipped", result.message
+    nb = json.loads((tmp_path / notebook.name).read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"
+            and not {"parameters", "injected-parameters"} & set(c["metadata"].get("tags", []))]
+    errors = [o for c in code for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert len(errors) == 1 and errors[0]["ename"] == "NotebookSkipped"
+    assert any(o["output_type"] == "error" for o in code[0]["outputs"]), "it stops at its first cell"
+    message = json.dumps(errors[0])
+    assert "docker compose up" in message and "Traceback" not in message and len(message) < 1500
