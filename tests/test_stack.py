@@ -121,3 +121,59 @@ def test_interrupted_upload_resumes_without_duplicates(state):
     keys = storage.list_objects_parallel(bucket, client=client)
     assert len(keys) == len(set(keys)) == 7000
     assert sorted(storage.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
+
+
+# A stand-in for the lakeFS binary: it reads the config file the stack wrote, checks what the stack promises
+# (loopback only, local KV under the state folder, S3 blockstore on the embedded store, no calls home) and
+# serves the lakeFS API test double with the installation keys and blockstore credentials from that file.
+FAKE_LAKEFS = '''#!{python}
+import sys, time, yaml
+sys.path.insert(0, {root!r})
+assert sys.argv[1:3] == ["run", "--config"], sys.argv
+cfg = yaml.safe_load(open(sys.argv[3]))
+host, port = cfg["listen_address"].split(":")
+assert host == "127.0.0.1" and cfg["database"]["type"] == "local" and cfg["stats"]["enabled"] is False
+assert cfg["security"] == {{"audit_check_url": "", "check_latest_version": False}}
+s3 = cfg["blockstore"]["s3"]
+assert cfg["blockstore"]["type"] == "s3" and s3["force_path_style"] is True
+from helpers.config import Settings
+from tests.lakefs_double import LakeFSServer
+settings = Settings(s3_endpoint=s3["endpoint"], s3_access_key=s3["credentials"]["access_key_id"],
+                    s3_secret_key=s3["credentials"]["secret_access_key"])
+install = cfg["installation"]
+server = LakeFSServer(settings, install["access_key_id"], install["secret_access_key"], port=int(port))
+server.serve_forever()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.lakefs
+def test_up_starts_lakefs_where_a_binary_is_on_path_and_writes_its_settings(state, tmp_path, monkeypatch):
+    from helpers import versioning
+    from helpers.config import project_root
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "lakefs"
+    fake.write_text(FAKE_LAKEFS.format(python=sys.executable, root=str(project_root())))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    assert stack.lakefs_binary() == fake
+
+    rows = {r.name: r for r in stack.up(state, ports=private_ports(), with_mlflow=False)}
+    assert rows["lakefs"].healthy and rows["lakefs"].detail == "started"
+    settings = load_settings(environ={}, stack_state=state)
+    assert settings.lakefs_endpoint == rows["lakefs"].url and settings.lakefs_access_key.startswith("AKIAJ")
+    assert "test-double" in versioning.connect(settings).version  # the keys in stack.env are the server's keys
+    assert storage.get_client(settings).bucket_exists(stack.LAKEFS_BUCKET)  # namespace bucket made up front
+    config = (state / "lakefs" / "config.yaml")
+    assert oct(config.stat().st_mode & 0o777) == "0o600" and str(state) in config.read_text()
+
+    assert "lakefs" in stack.down(state)
+    assert not {r.name: r for r in stack.status(state)}["lakefs"].running
+
+
+def test_status_says_when_no_lakefs_binary_is_available(state, monkeypatch):
+    monkeypatch.setattr(stack, "lakefs_binary", lambda: None)
+    row = {r.name: r for r in stack.status(state)}["lakefs"]
+    assert not row.running and "no lakefs binary" in row.detail and "docker compose" in row.detail
