@@ -48,9 +48,37 @@ def test_ports_are_published_on_loopback_only(compose):
 
 
 def test_buckets_created_without_public_policy(compose):
+    from helpers import stack, versioning
+
     init = compose["services"]["minio-init"]["entrypoint"]
-    assert "mc mb --ignore-existing" in init and "local/mnist" in init and "local/mlflow" in init
+    assert "mc alias set local http://minio:9000" in init and "mc mb --ignore-existing" in init
+    for bucket in ("mnist", "mlflow", versioning.LAKEFS_BUCKET, stack.LAKEFS_BUCKET):
+        assert f"local/{bucket}" in init
     assert "anonymous" not in init and "policy" not in init
+
+
+def test_lakefs_runs_on_minio_with_local_kv_and_the_shared_keys(compose):
+    lakefs = compose["services"]["lakefs"]
+    env = lakefs["environment"]
+    assert lakefs["image"].startswith("treeverse/lakefs:") and lakefs["command"] == "run"
+    assert env["LAKEFS_BLOCKSTORE_TYPE"] == "s3" and env["LAKEFS_BLOCKSTORE_S3_ENDPOINT"] == "http://minio:9000"
+    assert env["LAKEFS_BLOCKSTORE_S3_FORCE_PATH_STYLE"] == "true"
+    assert env["LAKEFS_DATABASE_TYPE"] == "local" and env["LAKEFS_DATABASE_LOCAL_PATH"].startswith("/home/lakefs/data")
+    assert any(v.endswith(":/home/lakefs/data") for v in lakefs["volumes"])
+    # the installation user's keys are the very variables helpers.config reads for the client
+    assert env["LAKEFS_INSTALLATION_ACCESS_KEY_ID"].startswith("${LAKEFS_ACCESS_KEY_ID")
+    assert env["LAKEFS_INSTALLATION_SECRET_ACCESS_KEY"].startswith("${LAKEFS_SECRET_ACCESS_KEY")
+    assert {"LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"} <= set(ENV_NAMES["lakefs_access_key"]) | set(
+        ENV_NAMES["lakefs_secret_key"])
+    assert env["LAKEFS_STATS_ENABLED"] == "false" and env["LAKEFS_SECURITY_CHECK_LATEST_VERSION"] == "false"
+    assert lakefs["depends_on"] == {"minio-init": {"condition": "service_completed_successfully"}}
+    assert "api/v1/healthcheck" in " ".join(lakefs["healthcheck"]["test"])
+
+
+def test_every_variable_compose_reads_is_documented_in_env_example():
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\$\{(\w+)", text))
+    assert used <= set(dotenv_values(ROOT / ".env.example")), used - set(dotenv_values(ROOT / ".env.example"))
 
 
 def test_mlflow_proxies_artifacts_and_allows_its_service_name(compose):
@@ -64,11 +92,14 @@ def test_jupyter_environment_is_what_helpers_config_reads(compose):
     jupyter = compose["services"]["jupyter"]
     assert jupyter["shm_size"]
     assert set(jupyter["environment"]) <= KNOWN_ENV, set(jupyter["environment"]) - KNOWN_ENV
-    assert {"S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "MLFLOW_TRACKING_URI"} <= set(jupyter["environment"])
+    assert {"S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "MLFLOW_TRACKING_URI", "LAKEFS_ENDPOINT",
+            "LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"} <= set(jupyter["environment"])
+    assert jupyter["environment"]["LAKEFS_ENDPOINT"] == "http://lakefs:8000"
+    assert jupyter["depends_on"]["lakefs"] == {"condition": "service_healthy"}
 
 
 def test_env_example_documents_only_known_variables():
     example = dotenv_values(ROOT / ".env.example")
-    compose_only = {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD"}
+    compose_only = {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "LAKEFS_AUTH_ENCRYPT_SECRET_KEY"}
     assert set(example) <= KNOWN_ENV | compose_only, set(example) - KNOWN_ENV - compose_only
     assert compose_only <= set(example)
