@@ -112,6 +112,21 @@ class RunHandle:
             _client(self.uri).set_terminated(self.run_id, status=status)
 
 
+def _experiment_id(client, name: str) -> str:
+    """The experiment's id, created if missing (safe when parallel workers create it at the same time)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found:
+        return found.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
+
+
 def start_run(uri: str, experiment: str, run_name: str, params: Mapping[str, Any] | None = None,
               tags: Mapping[str, str] | None = None) -> RunHandle:
     """Create an MLflow run (driver side) and log its parameters, or return a handle with tracking off.
@@ -132,8 +147,7 @@ def start_run(uri: str, experiment: str, run_name: str, params: Mapping[str, Any
         print(f"MLflow tracking is off: {reason}. Training goes on; start it with `python -m helpers.stack up`.")
         return RunHandle(uri, None, reason_off=reason)
     client = _client(uri)
-    found = client.get_experiment_by_name(experiment)
-    experiment_id = found.experiment_id if found else client.create_experiment(experiment)
+    experiment_id = _experiment_id(client, experiment)
     run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {}))
     handle = RunHandle(uri, run.info.run_id, experiment_id)
     handle.log_params(params or {})
