@@ -106,22 +106,17 @@ def connect(settings: Settings | None = None, timeout: float = 5.0):
     return client
 
 
-def lakefs_errors(action: str):
-    """Context manager turning the SDK's exceptions into one :class:`LakeFSError` line naming ``action``."""
-    import contextlib
-
+@contextlib.contextmanager
+def lakefs_errors(action: str) -> Iterator[None]:
+    """Turn the SDK's exceptions into one :class:`LakeFSError` line that names ``action``."""
     import lakefs.exceptions as lx
 
-    @contextlib.contextmanager
-    def wrapper():
-        try:
-            yield
-        except lx.NotAuthorizedException as err:
-            raise LakeFSAuthError(f"{action}: lakeFS rejected the keys ({_reason(err)}).") from None
-        except lx.LakeFSException as err:
-            raise LakeFSError(f"{action}: {_reason(err)}") from None
-
-    return wrapper()
+    try:
+        yield
+    except lx.NotAuthorizedException as err:
+        raise LakeFSAuthError(f"{action}: lakeFS rejected the keys ({_reason(err)}).") from None
+    except lx.LakeFSException as err:
+        raise LakeFSError(f"{action}: {_reason(err)}") from None
 
 
 def _reason(err: Exception) -> str:
