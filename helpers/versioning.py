@@ -169,24 +169,29 @@ class ImportResult:
 
 def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("train/", "test/"),
                        branch: str = INGEST_BRANCH, progress: bool = True, poll_seconds: float = 0.5,
-                       force: bool = False) -> ImportResult:
+                       force: bool = False, settings: Settings | None = None) -> ImportResult:
     """Zero-copy import of ``s3://<bucket>/<prefix>`` for each prefix into ``branch``.
 
     lakeFS records where the objects already are (their physical addresses)
     and commits pointers to them; no byte is copied. The branch is created
     from ``main`` if missing. When the branch head is already an import of
-    the same sources, it is reused (``force=True`` imports again).
+    the same sources holding as many objects as the bucket has now, it is
+    reused; a bucket that grew (or ``force=True``) is imported again.
 
     Raises:
         LakeFSError: the import failed (the message is lakeFS's).
     """
+    from helpers.storage import bucket_usage, get_client
+
     sources = ",".join(f"s3://{bucket}/{p}" for p in prefixes)
     with lakefs_errors(f"preparing branch {branch!r}"):
         target = repo.branch(branch).create(repo.properties.default_branch, exist_ok=True)
         head = target.get_commit()
     if not force and head.metadata.get("import_source") == sources:
         objects = sum(len(list_paths(repo, head.id, prefix)) for prefix in prefixes)
-        return ImportResult(head.id, objects, 0.0, True)
+        client = get_client(settings or load_settings())
+        if objects == sum(bucket_usage(bucket, prefix, client)["objects"] for prefix in prefixes):
+            return ImportResult(head.id, objects, 0.0, True)
 
     started = time.perf_counter()
     metadata = {"import_source": sources, "imported_by": "helpers.versioning"}
@@ -195,22 +200,23 @@ def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("
     for prefix in prefixes:
         manager.prefix(f"s3://{bucket}/{prefix}", destination=prefix)
     bar = _progress_bar(progress)
-    with lakefs_errors(f"importing {sources}"):
-        manager.start()
-        # Poll here rather than manager.wait(): that runs asyncio.run(), which fails inside Jupyter's event loop.
-        while True:
-            status = manager.status()
-            if bar is not None:
-                bar.update((status.ingested_objects or 0) - bar.n)
-            if status.error is not None:
-                raise LakeFSError(f"importing {sources}: {status.error.message}")
-            if status.completed:
-                break
-            time.sleep(poll_seconds)
-    if bar is not None:
-        bar.close()
-    commit_id, objects = status.commit.id, int(status.ingested_objects or 0)
-    return ImportResult(commit_id, objects, time.perf_counter() - started, False)
+    try:
+        with lakefs_errors(f"importing {sources}"):
+            manager.start()
+            # Poll here rather than manager.wait(): that runs asyncio.run(), which fails inside Jupyter's loop.
+            while True:
+                status = manager.status()
+                if bar is not None:
+                    bar.update((status.ingested_objects or 0) - bar.n)
+                if status.error is not None:
+                    raise LakeFSError(f"importing {sources}: {status.error.message}")
+                if status.completed:
+                    break
+                time.sleep(poll_seconds)
+    finally:
+        if bar is not None:
+            bar.close()
+    return ImportResult(status.commit.id, int(status.ingested_objects or 0), time.perf_counter() - started, False)
 
 
 def _progress_bar(enabled: bool):
@@ -240,11 +246,6 @@ def read_json(repo, ref: str, path: str) -> dict[str, Any]:
     return json.loads(read_bytes(repo, ref, path))
 
 
-def label_of(path: str) -> int:
-    """The digit in ``train/<label>/<id>.png`` (split on '/', not by character position)."""
-    return int(path.split("/")[1])
-
-
 def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
     """A seeded, shuffled subset of at most ``limit`` paths (0 = all): the same list for the same commit."""
     order = np.random.default_rng(seed).permutation(len(paths))
@@ -260,13 +261,16 @@ def read_split(repo, ref: str, split: str, limit: int = 0, seed: int = 0,
     id pins exactly which images are read.
     """
     from helpers.data import decode_images
+    from helpers.storage import split_train_test
 
-    paths = select_paths(list_paths(repo, ref, f"{split}/"), limit, seed)
+    x_train, y_train, x_test, y_test = split_train_test(list_paths(repo, ref, f"{split}/"))
+    labels = dict(zip(x_train, y_train, strict=True)) if split == "train" else dict(zip(x_test, y_test, strict=True))
+    paths = select_paths(sorted(labels), limit, seed)
     if not paths:
         raise LakeFSError(f"No {split}/ objects at {ref}: import the data first (import_from_bucket).")
     with ThreadPoolExecutor(threads) as pool:
         bodies = list(pool.map(lambda p: read_bytes(repo, ref, p), paths))
-    return decode_images(bodies), np.asarray([label_of(p) for p in paths], dtype=np.int64), paths
+    return decode_images(bodies), np.asarray([labels[p] for p in paths], dtype=np.int64), paths
 
 
 # --- training one experiment --------------------------------------------------------------------

@@ -71,6 +71,20 @@ def test_a_second_import_of_the_same_sources_is_reused(repo, imported, source_bu
     assert again.reused and again.commit_id == imported[1].commit_id and again.objects == imported[1].objects
 
 
+def test_a_bucket_that_grew_is_imported_again(lk_settings, client):
+    with uploaded_bucket(client, "grow", 60) as name:
+        repository = versioning.ensure_repository(versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}",
+                                                  lk_settings)
+        try:
+            first = versioning.import_from_bucket(repository, name, progress=False, settings=lk_settings)
+            storage.upload_mnist(name, 120, client=client, progress=False)  # 60 + 10 more images arrive
+            second = versioning.import_from_bucket(repository, name, progress=False, settings=lk_settings)
+            assert (first.objects, second.objects) == (70, 140) and not second.reused
+            assert repository.ref(second.commit_id).get_commit().parents == [first.commit_id]
+        finally:
+            repository.delete()
+
+
 def test_each_experiment_commits_three_files_with_params_and_recomputed_metrics(repo, experiments, imported):
     assert [r.branch for r in experiments] == ["exp-sgd-1", "exp-adam-2"]
     for result in experiments:
