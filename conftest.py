@@ -136,12 +136,12 @@ def uploaded_bucket(client, prefix: str, smoke_test_size: int):
     """A unique bucket holding ``smoke_test_size`` MNIST images, deleted afterwards; Ray stopped too."""
     import uuid
 
-    from helpers import data, storage
+    from helpers import cluster, storage, upload
 
     name = f"t-{prefix}-{uuid.uuid4().hex[:8]}"
-    storage.upload_mnist(name, smoke_test_size, client=client, progress=False)
+    upload.upload_mnist(name, smoke_test_size, client=client, progress=False)
     try:
         yield name
     finally:
         storage.delete_bucket(client, name)
-        data.shutdown_ray()
+        cluster.shutdown_ray()

@@ -1,6 +1,6 @@
 """Data-loading throughput: five ways to turn the same pointers into images, side by side in one run.
 
-1. tasks: the seed's function, a new client per batch, sequential GETs;
+1. tasks: the original article's function, a new client per batch, sequential GETs;
 2. actors: an actor pool, one client per actor, concurrent GETs;
 3. read_images: Ray's reader through pyarrow S3 (label from the folder name);
 4. parquet: the same images packed into a few Parquet shards;
@@ -21,13 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common import print_table, write_results
 
-from helpers import data, stack, storage
+from helpers import cluster, listing, preprocess, stack, storage, upload
 
 
 def ceiling(client, bucket: str, keys: list[str], threads: int = 16) -> None:
     with ThreadPoolExecutor(max_workers=threads) as pool:
         for _ in pool.map(lambda key: storage.read_object(client, bucket, key), keys):
             pass
+
+
+def tasks(ds, bucket: str):
+    """Notebook 03's task form: map_batches with the preprocessing function."""
+    return ds.map_batches(preprocess.preprocess_batch, batch_size=400, fn_kwargs={"bucket": bucket})
 
 
 def time_it(fn) -> float:
@@ -48,7 +53,7 @@ def remote_times(ds) -> dict[str, float]:
 
 def bench(settings, bucket: str, x: list[str], y: list[int], num_actors: int, threads: int) -> list[dict]:
     client = storage.get_client(settings, max_connections=threads)
-    ds = data.to_ray_dataset(x, y)
+    ds = preprocess.to_ray_dataset(x, y)
     results: dict[str, dict] = {}
 
     def run(name: str, make) -> None:
@@ -57,11 +62,11 @@ def bench(settings, bucket: str, x: list[str], y: list[int], num_actors: int, th
         assert holder["ds"].count() == len(x), name
         results[name] = {"seconds": seconds, **remote_times(holder["ds"])}
 
-    run("tasks", lambda: data.preprocess(ds, bucket, "tasks"))
-    run("actors", lambda: data.preprocess(ds, bucket, "actors", num_actors=num_actors, threads=threads))
-    run("read_images", lambda: data.read_images_dataset(bucket, keys=x))
-    pack_seconds = time_it(lambda: data.pack_parquet_shards(bucket, x, y, num_shards=4, settings=settings))
-    run("parquet", lambda: data.read_parquet_dataset(bucket))
+    run("tasks", lambda: tasks(ds, bucket))
+    run("actors", lambda: preprocess.preprocess_with_actors(ds, bucket, num_actors=num_actors, threads=threads))
+    run("read_images", lambda: preprocess.read_images_dataset(bucket, keys=x, settings=settings))
+    pack_seconds = time_it(lambda: preprocess.pack_parquet_shards(ds, bucket, num_shards=4, settings=settings))
+    run("parquet", lambda: preprocess.read_parquet_dataset(bucket, settings=settings))
     results["ceiling"] = {"seconds": time_it(lambda: ceiling(client, bucket, x, threads))}
 
     rows = []
@@ -86,21 +91,21 @@ def main() -> None:
     settings = stack.ensure_stack(with_mlflow=False)
     client = storage.get_client(settings)
     print(f"ensuring the 70,000 objects are in '{args.bucket}' (uploads only on the first run) ...", flush=True)
-    storage.upload_mnist(args.bucket, 0, client=client, progress=False)
-    x_all, y_all, *_ = storage.get_train_test_data(args.bucket, listing="manifest", client=client)
-    data.init_ray(settings)
-    warm = data.to_ray_dataset(x_all[:64], y_all[:64])  # start the worker processes before timing
-    data.preprocess(warm, args.bucket, "tasks").materialize()
-    data.preprocess(warm, args.bucket, "actors", num_actors=args.num_actors).materialize()
+    upload.upload_mnist(args.bucket, 0, client=client, progress=False)
+    x_all, y_all, *_ = listing.get_train_test_data(args.bucket, listing="manifest", client=client)
+    cluster.init_ray(settings)
+    warm = preprocess.to_ray_dataset(x_all[:64], y_all[:64])  # start the worker processes before timing
+    tasks(warm, args.bucket).materialize()
+    preprocess.preprocess_with_actors(warm, args.bucket, num_actors=args.num_actors).materialize()
 
     rows = []
     for size in args.sizes:
-        x, y, *_ = storage.get_train_test_data(args.bucket, smoke_test_size=min(size, 60000), listing="manifest",
+        x, y, *_ = listing.get_train_test_data(args.bucket, smoke_test_size=min(size, 60000), listing="manifest",
                                                client=client)
         rows += bench(settings, args.bucket, x, y, args.num_actors, args.threads)
         print_table(f"Data loading, {len(x):,} images", [r for r in rows if r["size"] == len(x)],
                     ["method", "seconds", "images/s", "vs tasks", "vs ceiling", "remote_wall_s", "remote_cpu_s"])
-    data.shutdown_ray()
+    cluster.shutdown_ray()
     full = [r for r in rows if r["size"] == max(r["size"] for r in rows)]
     by = {r["method"]: r for r in full}
     path = write_results("data_loading", {

@@ -6,10 +6,33 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import time
 
 from common import print_table, write_results
 
-from helpers import data, stack, storage, tune
+from helpers import cluster, stack, sweeps, training, upload
+
+
+def sweep(settings, bucket: str, arrays, args, scheduler: str | None) -> dict:
+    """Notebook 05's sweep without MLflow (only time is measured), its best trial restored and tested."""
+    resources = cluster.init_ray(settings)
+    name = training.unique_run_name("bench-sweep")
+    trainable, extra = sweeps.make_trainable(arrays, 0, args.max_concurrent_trials, resources["CPU"], "")
+    space = {**sweeps.search_space(), "epochs": args.epochs, "seed": args.seed, **extra}
+    tuner = sweeps.make_tuner(trainable, space, sweeps.make_searcher("hyperopt", [sweeps.KNOWN_GOOD], args.seed),
+                              sweeps.make_scheduler(scheduler, args.epochs), args.num_samples,
+                              args.max_concurrent_trials, name, f"{bucket}/tune-results", settings)
+    started = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):
+        results = tuner.fit()
+    seconds = time.perf_counter() - started
+    best = results.get_best_result(metric=sweeps.METRIC, mode=sweeps.MODE, scope="all")
+    net = sweeps.load_trial_model(sweeps.best_checkpoint(best))
+    return {"table": results.get_dataframe(), "seconds": seconds,
+            "best_validation_accuracy": float(best.metrics_dataframe[sweeps.METRIC].max()),
+            "test_accuracy": training.accuracy(training.predict(net, arrays["x_test"]), arrays["y_test"])}
 
 
 def main() -> None:
@@ -23,23 +46,20 @@ def main() -> None:
     args = parser.parse_args()
 
     settings = stack.ensure_stack()
-    storage.upload_mnist(args.bucket, 0, client=storage.get_client(settings), progress=False)
-    data.init_ray(settings)
-    arrays = tune.load_arrays(args.bucket, args.smoke_test_size, settings, seed=args.seed)
-    rows, sweeps = [], {}
+    upload.upload_mnist(args.bucket, 0, progress=False)
+    cluster.init_ray(settings)
+    arrays = sweeps.load_arrays(args.bucket, args.smoke_test_size, settings, seed=args.seed)
+    rows, runs = [], {}
     for scheduler in ("asha", None):
-        sweep = tune.run_sweep(args.num_samples, args.max_concurrent_trials, "hyperopt", scheduler, args.epochs,
-                               args.bucket, args.smoke_test_size, seed=args.seed, experiment="bench-tune",
-                               settings=settings, arrays=arrays, verbose=False)
-        sweeps[scheduler or "none"] = sweep
-        epochs_run = int(sweep.table["training_iteration"].sum())
-        rows.append({"scheduler": scheduler or "none", "trials": len(sweep.table), "epochs run": epochs_run,
-                     "seconds": round(sweep.seconds, 1),
-                     "trials/min": round(len(sweep.table) / sweep.seconds * 60, 1),
-                     "best val acc": round(sweep.best_validation_accuracy, 4),
-                     "best test acc": round(sweep.test_accuracy, 4)})
-    data.shutdown_ray()
-    speedup = sweeps["none"].seconds / sweeps["asha"].seconds
+        run = runs[scheduler or "none"] = sweep(settings, args.bucket, arrays, args, scheduler)
+        epochs_run = int(run["table"]["training_iteration"].sum())
+        rows.append({"scheduler": scheduler or "none", "trials": len(run["table"]), "epochs run": epochs_run,
+                     "seconds": round(run["seconds"], 1),
+                     "trials/min": round(len(run["table"]) / run["seconds"] * 60, 1),
+                     "best val acc": round(run["best_validation_accuracy"], 4),
+                     "best test acc": round(run["test_accuracy"], 4)})
+    cluster.shutdown_ray()
+    speedup = runs["none"]["seconds"] / runs["asha"]["seconds"]
     print_table(f"Sweep: {args.num_samples} trials x up to {args.epochs} epochs, {args.smoke_test_size} images, "
                 f"{args.max_concurrent_trials} at once", rows,
                 ["scheduler", "trials", "epochs run", "seconds", "trials/min", "best val acc", "best test acc"])

@@ -15,7 +15,7 @@ import uuid
 
 from common import median_seconds, print_table, write_results
 
-from helpers import stack, storage
+from helpers import listing, stack, storage, upload
 
 
 def bench_upload(client, smoke: int, workers: list[int]) -> list[dict]:
@@ -23,7 +23,7 @@ def bench_upload(client, smoke: int, workers: list[int]) -> list[dict]:
     for max_workers in workers:
         bucket = f"bench-upload-{uuid.uuid4().hex[:8]}"
         try:
-            report = storage.upload_mnist(bucket, smoke, client=client, max_workers=max_workers, progress=False)
+            report = upload.upload_mnist(bucket, smoke, client=client, max_workers=max_workers, progress=False)
         finally:
             storage.delete_bucket(client, bucket)
         rows.append({"method": f"{max_workers} thread{'s' if max_workers > 1 else ''}",
@@ -36,11 +36,11 @@ def bench_upload(client, smoke: int, workers: list[int]) -> list[dict]:
 
 def bench_listing(client, bucket: str, repeats: int) -> list[dict]:
     print(f"ensuring the 70,000 objects are in '{bucket}' (uploads only on the first run) ...", flush=True)
-    storage.upload_mnist(bucket, 0, client=client, progress=False)
+    upload.upload_mnist(bucket, 0, client=client, progress=False)
     rows = []
-    for method in storage.LISTINGS:
-        count = len(storage.get_train_test_data(bucket, listing=method, client=client)[0])
-        seconds = median_seconds(lambda m=method: storage.get_train_test_data(bucket, listing=m, client=client),
+    for method in listing.LISTINGS:
+        count = len(listing.get_train_test_data(bucket, listing=method, client=client)[0])
+        seconds = median_seconds(lambda m=method: listing.get_train_test_data(bucket, listing=m, client=client),
                                  repeats)
         rows.append({"method": method, "train pointers": count, "seconds": round(seconds, 3)})
     for row in rows:

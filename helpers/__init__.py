@@ -1,9 +1,14 @@
-"""Thin helpers behind the notebooks: one module per concern.
+"""Plumbing behind the notebooks, plus the code each notebook teaches, exported from it.
 
-``config`` (settings from the environment), ``stack`` (the embedded local
-services), ``mnist`` (the data set, offline), ``storage`` (upload, listing,
-pointer lists), ``plots`` and ``notebook`` (what the notebooks show).
-Import the module you need: ``from helpers import storage``.
+Hand-written plumbing a learner need not read: ``config`` (settings from the
+environment), ``stack`` (the embedded local services), ``mnist`` (the data
+set, offline), ``storage`` (an S3 client and clear errors), ``cluster`` (Ray
+start-up), ``tracking`` (MLflow client checks), ``versioning`` (a lakeFS
+client and clear errors), ``plots``, ``notebook``, ``runner`` and ``export``.
+
+Generated from the notebooks' ``#@save`` cells by ``python -m helpers.export``
+(edit the notebook, not the module): ``upload`` (01), ``listing`` (02),
+``preprocess`` (03), ``training`` (04), ``sweeps`` (05), ``experiments`` (06).
 """
 
 __version__ = "0.1.0"

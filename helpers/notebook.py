@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -12,6 +13,7 @@ from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
 from helpers.storage import StorageError
+from helpers.tracking import TrackingUnavailable
 from helpers.versioning import LakeFSError
 
 
@@ -21,7 +23,7 @@ class NotebookSkipped(RuntimeError):
 
 # Errors a user can fix: a notebook shows their one-line message, not a traceback.
 USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError, LakeFSError,
-               NotebookSkipped)
+               TrackingUnavailable, NotebookSkipped)
 
 
 def skip_notebook(needs: str, reason: object) -> None:
@@ -34,6 +36,7 @@ def setup(quiet: bool = True) -> None:
     if quiet:
         for name in ("urllib3", "botocore", "mlflow", "alembic", "ray", "filelock"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the notebooks print their links
     try:
         from IPython import get_ipython
     except ImportError:

@@ -42,9 +42,10 @@ def notebook_paths(root: Path | None = None, pattern: str = "[0-9][0-9]_*.ipynb"
 
 
 def strip_machine_metadata(path: Path) -> None:
-    """Remove papermill's input/output paths and per-cell timings so a committed notebook holds no machine paths."""
+    """Remove papermill's paths, per-cell timings and widget state, so a committed notebook holds no machine facts."""
     nb = json.loads(path.read_text())
     nb.get("metadata", {}).pop("papermill", None)
+    nb.get("metadata", {}).pop("widgets", None)
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("papermill", None)
         cell.get("metadata", {}).pop("execution", None)

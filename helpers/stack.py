@@ -376,6 +376,20 @@ def _ensure_bucket(settings: Settings, bucket: str) -> None:
 
 # --- the three commands --------------------------------------------------------
 
+def _ensure_service(state: Path, name: str, ports: dict[str, int], port_names: list[str], command, timeout: float,
+                    started: list[str], env: dict[str, str] | None = None, prepare=None) -> None:
+    """Start service ``name`` unless it runs already (``command()`` builds its command line), then wait for health."""
+    proc = _running(state, name)
+    if proc is None:
+        _check_ports_free(name, ports, port_names)
+        if prepare is not None:
+            prepare()
+        proc = _start(name, command(), state, env)
+        started.append(name)
+    port = ports["s3" if name == "seaweedfs" else name]
+    _wait_healthy(name, f"http://127.0.0.1:{port}{HEALTH_PATHS[name]}", proc, state, timeout)
+
+
 def up(
     state: Path | None = None,
     ports: dict[str, int] | None = None,
@@ -415,38 +429,23 @@ def up(
     settings = load_settings(environ={}, stack_state=state)
     started = []
 
-    proc = _running(state, "seaweedfs")
-    if proc is None:
-        _check_ports_free("seaweedfs", ports, _seaweed_port_names())
-        proc = _start("seaweedfs", _seaweedfs_command(state, ports), state)
-        started.append("seaweedfs")
-    _wait_healthy("seaweedfs", f"http://127.0.0.1:{ports['s3']}{HEALTH_PATHS['seaweedfs']}", proc, state, timeout)
+    def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
+        _ensure_service(state, name, ports, port_names, command, timeout, started, env, prepare)
 
+    ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports))
     if with_mlflow:
-        proc = _running(state, "mlflow")
-        if proc is None:
-            _check_ports_free("mlflow", ports, ["mlflow"])
-            _ensure_bucket(settings, MLFLOW_BUCKET)
-            env = {
-                "MLFLOW_S3_ENDPOINT_URL": settings.s3_url,
-                "AWS_ACCESS_KEY_ID": access,
-                "AWS_SECRET_ACCESS_KEY": secret,
-                "AWS_DEFAULT_REGION": settings.s3_region,
-            }
-            proc = _start("mlflow", _mlflow_command(state, ports), state, env)
-            started.append("mlflow")
-        _wait_healthy("mlflow", f"http://127.0.0.1:{ports['mlflow']}{HEALTH_PATHS['mlflow']}", proc, state, timeout)
-
+        env = {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": access,
+               "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": settings.s3_region}
+        ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), env,
+               prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
     if lakefs is not None and lakefs_keys is not None:
-        proc = _running(state, "lakefs")
-        if proc is None:
-            _check_ports_free("lakefs", ports, ["lakefs"])
+        def prepare_lakefs() -> None:
             _ensure_bucket(settings, LAKEFS_BUCKET)
-            _paths(state)["lakefs_db"].mkdir(parents=True, exist_ok=True)
-            config = _lakefs_config(state, ports, access, secret, lakefs_keys)
-            proc = _start("lakefs", [str(lakefs), "run", "--config", str(config)], state)
-            started.append("lakefs")
-        _wait_healthy("lakefs", f"http://127.0.0.1:{ports['lakefs']}{HEALTH_PATHS['lakefs']}", proc, state, timeout)
+            paths["lakefs_db"].mkdir(parents=True, exist_ok=True)
+
+        ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",
+                                             str(_lakefs_config(state, ports, access, secret, lakefs_keys))],
+               prepare=prepare_lakefs)
     return [
         replace(row, detail="started" if row.name in started else "already running") if row.running else row
         for row in status(state)

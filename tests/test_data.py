@@ -17,7 +17,8 @@ import psutil
 import pytest
 import torch
 
-from helpers import data, storage
+from helpers import cluster, listing, preprocess, storage, upload
+from helpers.config import ParameterError
 from helpers.mnist import load_mnist
 
 SMOKE = 450  # 450 train pointers: batches of 400 + 50
@@ -25,23 +26,31 @@ SMOKE = 450  # 450 train pointers: batches of 400 + 50
 
 @pytest.fixture(scope="module")
 def ray_local(settings):
-    data.init_ray(settings, num_cpus=2)
+    cluster.init_ray(settings, num_cpus=2)
     yield
-    data.shutdown_ray()
+    cluster.shutdown_ray()
 
 
 @pytest.fixture(scope="module")
 def dataset_bucket(client, settings):
     name = f"t-data-{uuid.uuid4().hex[:8]}"
-    storage.upload_mnist(name, SMOKE, client=client, progress=False)
+    upload.upload_mnist(name, SMOKE, client=client, progress=False)
     yield name
     storage.delete_bucket(client, name)
 
 
 @pytest.fixture(scope="module")
 def pointers(dataset_bucket, client):
-    x_train, y_train, _, _, _ = storage.get_train_test_data(dataset_bucket, listing="manifest", client=client)
+    x_train, y_train, _, _, _ = listing.get_train_test_data(dataset_bucket, listing="manifest", client=client)
     return x_train, y_train
+
+
+def run_preprocessing(ds, bucket, method, batch_size=400, num_actors=2, **kwargs):
+    """The two preprocessing forms notebook 03 shows: map_batches with the task function or the actor class."""
+    if method == "tasks":
+        return ds.map_batches(preprocess.preprocess_batch, batch_size=batch_size,
+                              fn_kwargs={"bucket": bucket, **kwargs})
+    return preprocess.preprocess_with_actors(ds, bucket, batch_size=batch_size, num_actors=num_actors, **kwargs)
 
 
 def mnist_lookup():
@@ -56,7 +65,7 @@ def to_uint8(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("method", ["tasks", "actors"])
 def test_batches_have_the_right_shape_dtype_range_and_count(ray_local, dataset_bucket, pointers, method):
-    ds = data.preprocess(data.to_ray_dataset(*pointers), dataset_bucket, method, batch_size=400, num_actors=2)
+    ds = run_preprocessing(preprocess.to_ray_dataset(*pointers), dataset_bucket, method, batch_size=400, num_actors=2)
     batches = list(ds.iter_torch_batches(batch_size=400, dtypes=torch.float32))
     assert [len(b["y"]) for b in batches] == [400, 50]
     first = batches[0]
@@ -68,7 +77,7 @@ def test_batches_have_the_right_shape_dtype_range_and_count(ray_local, dataset_b
 @pytest.mark.parametrize("method", ["tasks", "actors"])
 def test_labels_stay_aligned_with_their_images(ray_local, dataset_bucket, pointers, method):
     lookup, labels = mnist_lookup(), load_mnist().train_labels
-    out = data.preprocess(data.to_ray_dataset(*pointers), dataset_bucket, method, batch_size=128).materialize()
+    out = run_preprocessing(preprocess.to_ray_dataset(*pointers), dataset_bucket, method, batch_size=128).materialize()
     seen = []
     for batch in out.iter_batches(batch_size=None):
         for image, label in zip(to_uint8(batch["X"]), batch["y"], strict=True):
@@ -83,7 +92,7 @@ def test_normalisation_matches_torchvision(dataset_bucket, client):
     from torchvision import transforms
 
     body = storage.read_object(client, dataset_bucket, "train/5/00000.png")
-    ours = data.decode_images([body])[0]
+    ours = preprocess.decode_images([body])[0]
     theirs = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5,), (0.5,))])(
         Image.open(io.BytesIO(body)))
     np.testing.assert_allclose(ours, theirs.numpy(), atol=1e-6)
@@ -92,7 +101,7 @@ def test_normalisation_matches_torchvision(dataset_bucket, client):
 @pytest.fixture
 def broken_bucket(client):
     name = f"t-broken-{uuid.uuid4().hex[:8]}"
-    storage.upload_mnist(name, 30, client=client, progress=False)
+    upload.upload_mnist(name, 30, client=client, progress=False)
     body = b"this is not a png"
     client.put_object(name, "train/3/corrupt.png", io.BytesIO(body), len(body))
     yield name
@@ -101,29 +110,29 @@ def broken_bucket(client):
 
 @pytest.mark.parametrize("method", ["tasks", "actors"])
 def test_a_corrupt_object_fails_naming_its_key(ray_local, broken_bucket, client, method):
-    x, y, *_ = storage.get_train_test_data(broken_bucket, listing="parallel", client=client)
+    x, y, *_ = listing.get_train_test_data(broken_bucket, listing="parallel", client=client)
     with pytest.raises(Exception, match="train/3/corrupt.png"):
-        data.preprocess(data.to_ray_dataset(x, y), broken_bucket, method, batch_size=16).materialize()
+        run_preprocessing(preprocess.to_ray_dataset(x, y), broken_bucket, method, batch_size=16).materialize()
 
 
 def test_a_missing_object_fails_naming_its_key(ray_local, dataset_bucket):
     with pytest.raises(Exception, match="train/7/gone.png"):
-        data.preprocess(data.to_ray_dataset(["train/5/00000.png", "train/7/gone.png"], [5, 7]),
+        run_preprocessing(preprocess.to_ray_dataset(["train/5/00000.png", "train/7/gone.png"], [5, 7]),
                         dataset_bucket, "tasks").materialize()
 
 
 @pytest.mark.parametrize("method", ["tasks", "actors"])
 def test_skip_mode_drops_and_counts_bad_objects(ray_local, broken_bucket, client, method):
-    x, y, *_ = storage.get_train_test_data(broken_bucket, listing="parallel", client=client)
+    x, y, *_ = listing.get_train_test_data(broken_bucket, listing="parallel", client=client)
     x, y = x + ["train/2/missing.png"], y + [2]
     counter = f"skips-{uuid.uuid4().hex[:8]}"
-    out = data.preprocess(data.to_ray_dataset(x, y), broken_bucket, method, batch_size=8,
+    out = run_preprocessing(preprocess.to_ray_dataset(x, y), broken_bucket, method, batch_size=8,
                           skip_counter_name=counter).materialize()
     assert out.count() == len(x) - 2
-    assert sorted(data.skipped_keys(counter)) == ["train/2/missing.png", "train/3/corrupt.png"]
+    assert sorted(preprocess.skipped_keys(counter)) == ["train/2/missing.png", "train/3/corrupt.png"]
 
 
-def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, pointers):
+def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, pointers, client):
     def multiset(ds):
         out = Counter()
         for batch in ds.iter_batches(batch_size=None):
@@ -132,26 +141,28 @@ def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, 
         return out
 
     x, y = pointers
-    actors = multiset(data.preprocess(data.to_ray_dataset(x, y), dataset_bucket, "actors"))
-    images = multiset(data.read_images_dataset(dataset_bucket, "train"))  # Ray lists the prefix itself
-    shards = data.pack_parquet_shards(dataset_bucket, x, y, num_shards=3)
+    actors = multiset(run_preprocessing(preprocess.to_ray_dataset(x, y), dataset_bucket, "actors"))
+    images = multiset(preprocess.read_images_dataset(dataset_bucket, "train"))  # Ray lists the prefix itself
+    path = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x, y), dataset_bucket, num_shards=3)
+    shards = [o.object_name for o in client.list_objects(dataset_bucket, prefix=path.split("/", 1)[1] + "/")
+              if o.object_name.endswith(".parquet")]
     assert len(shards) == 3
-    parquet = multiset(data.read_parquet_dataset(dataset_bucket))
+    parquet = multiset(preprocess.read_parquet_dataset(dataset_bucket))
     assert sum(actors.values()) == SMOKE
     assert actors == images == parquet
 
 
 def test_pointer_lists_must_align():
-    with pytest.raises(data.ParameterError, match="align"):
-        data.to_ray_dataset(["a", "b"], [1])
-    with pytest.raises(data.ParameterError, match="tasks"):
-        data.preprocess(None, "b", method="threads")
+    with pytest.raises(ParameterError, match="align"):
+        preprocess.to_ray_dataset(["a", "b"], [1])
+    with pytest.raises(ParameterError, match="No pointers"):
+        preprocess.to_ray_dataset([], [])
 
 
 def test_logger_stamps_pid_and_node(ray_local, dataset_bucket, pointers, tmp_path):
-    data.preprocess(data.to_ray_dataset(*pointers, override_num_blocks=4), dataset_bucket, "tasks",
+    run_preprocessing(preprocess.to_ray_dataset(*pointers, override_num_blocks=4), dataset_bucket, "tasks",
                     batch_size=100, log_dir=str(tmp_path)).materialize()
-    lines = data.read_log(tmp_path)
+    lines = preprocess.read_log(tmp_path)
     assert len(lines) >= 4
     assert all(line.split()[0].isdigit() and " on node " in line for line in lines)
     assert {int(line.split()[0]) for line in lines}.isdisjoint({os.getpid()}), "written by Ray workers"
@@ -165,17 +176,17 @@ def free_port() -> int:
 
 DRIVER = textwrap.dedent("""
     import json, sys, time
-    from helpers import data, storage
+    from helpers import cluster, listing, preprocess
     bucket, log_dir = sys.argv[1], sys.argv[2]
-    x, y, *_ = storage.get_train_test_data(bucket, listing="manifest")
-    data.init_ray()  # RAY_ADDRESS comes from the environment: no code change
+    x, y, *_ = listing.get_train_test_data(bucket, listing="manifest")
+    cluster.init_ray()  # RAY_ADDRESS comes from the environment: no code change
     import ray
     deadline = time.monotonic() + 90
     while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.monotonic() < deadline:
         time.sleep(1)
     nodes = [n["NodeID"][:8] for n in ray.nodes() if n["Alive"]]
-    ds = data.preprocess(data.to_ray_dataset(x, y, override_num_blocks=8), bucket, "tasks", batch_size=50,
-                         log_dir=log_dir)
+    ds = preprocess.to_ray_dataset(x, y, override_num_blocks=8).map_batches(
+        preprocess.preprocess_batch, batch_size=50, fn_kwargs={"bucket": bucket, "log_dir": log_dir})
     print(json.dumps({"rows": ds.materialize().count(), "nodes": nodes}))
 """)
 
@@ -213,7 +224,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
         assert result.returncode == 0, result.stderr[-3000:]
         facts = json.loads(result.stdout.strip().splitlines()[-1])
         assert facts["rows"] == SMOKE and len(facts["nodes"]) == 2
-        used = {line.split(" on node ")[1].split(":")[0] for line in data.read_log(tmp_path)}
+        used = {line.split(" on node ")[1].split(":")[0] for line in preprocess.read_log(tmp_path)}
         assert used == set(facts["nodes"]), "tasks ran on both nodes"
     finally:
         for proc in reversed(nodes):
@@ -229,7 +240,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
 def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():
     x = [f"train/{i % 10}/{i:05d}.png" for i in range(100)]
     y = [i % 10 for i in range(100)]
-    xs, ys = data.shuffle_pointers(x, y, seed=3)
+    xs, ys = preprocess.shuffle_pointers(x, y, seed=3)
     assert xs != x and sorted(xs) == sorted(x)
     assert all(key.split("/")[1] == str(label) for key, label in zip(xs, ys, strict=True))
-    assert data.shuffle_pointers(x, y, seed=3) == (xs, ys)
+    assert preprocess.shuffle_pointers(x, y, seed=3) == (xs, ys)

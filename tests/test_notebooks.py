@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from helpers import runner, storage
+from helpers import listing, runner
 
 pytestmark = pytest.mark.notebook
 
@@ -27,8 +27,9 @@ def run(name, tmp_path, **parameters):
 def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
     facts = run("01", tmp_path, bucket=bucket, smoke_test_size=120)
     assert facts["objects"] == 140 and facts["train objects"] == 120 and facts["test objects"] == 20
-    assert facts["uploaded now"] == 140 and facts["uploaded on the second run"] == 0
-    keys = storage.list_objects_parallel(bucket, client=client)
+    # the first image went up alone (put_object), the other 139 in parallel; the second run sends nothing
+    assert facts["uploaded in parallel"] == 139 and facts["uploaded on the second run"] == 0
+    keys = listing.list_objects_parallel(bucket, client=client)
     assert len(keys) == len(set(keys)) == 140
 
 
@@ -38,7 +39,7 @@ def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
     assert facts["first pointer"] == "train/0/00001.png" and facts["first label"] == 0  # listings are key-sorted
     assert (facts["smoke train pointers"], facts["smoke test pointers"]) == (60, 10)
     assert facts["manifest listing s"] > 0
-    assert len(storage.list_objects_from_manifest(bucket, client=client)) == 70
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 70
 
 
 def test_a_bad_parameter_fails_the_run_with_one_clear_line(bucket, tmp_path):
@@ -71,32 +72,48 @@ def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
     assert all(facts[f"{name} images/s"] > 0 for name in ("tasks", "actors", "read_images", "parquet"))
 
 
-def test_04_trains_tracks_and_tests(bucket, tmp_path, settings):
+def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tmp_path, settings):
+    from mlflow.tracking import MlflowClient
+
     from helpers import tracking
 
-    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, epochs=6, hidden_sizes=[64])
+    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, epochs=6, hidden_sizes=[64], fail_at_epoch=2)
+    assert facts["resumed after an injected failure"] is True
     assert facts["epochs"] == 6 and facts["last epoch loss"] < facts["first epoch loss"]
     assert facts["test accuracy"] > 0.6 and facts["test images"] == 50
     assert facts["checkpoint"].startswith(f"s3://{bucket}/ray-results/")
-    steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, facts["MLflow run id"],
-                                                         "train_loss")]
-    assert steps == list(range(6))
+    uri, run_id = settings.mlflow_tracking_uri, facts["MLflow run id"]
+    steps = [step for step, _ in tracking.metric_history(uri, run_id, "train_loss")]
+    assert steps == list(range(6)), "every epoch logged once, also across the resume"
+    client = MlflowClient(uri)
+    mlflow_run = client.get_run(run_id)
+    assert mlflow_run.info.status == "FINISHED" and mlflow_run.data.tags["checkpoint"] == facts["checkpoint"]
+    assert mlflow_run.data.metrics["test_accuracy"] == pytest.approx(facts["test accuracy"], abs=1e-4)
+    artifacts = {a.path for a in client.list_artifacts(run_id)}
+    artifacts |= {a.path for a in client.list_artifacts(run_id, "model")}
+    assert {"confusion_matrix.png", "model/checkpoint.pt"} <= artifacts
 
 
 def test_05_sweeps_from_the_known_good_point(bucket, tmp_path, settings):
-    from helpers import tune
+    from mlflow.tracking import MlflowClient
+
+    from helpers import sweeps
 
     facts = run("05", tmp_path, bucket=bucket, smoke_test_size=300, num_samples=3, epochs=3)
     assert facts["trials"] == 3 and facts["first trial is the known-good point"] is True
     assert 0 < facts["best test accuracy"] <= 1 and 0 < facts["best validation accuracy"] <= 1
-    assert len(tune.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])) == 3
+    assert len(sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])) == 3
+    assert facts["MLflow child runs"] == 3
+    parent = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow parent run id"])
+    assert parent.info.status == "FINISHED" and parent.data.params["best_hidden"] == str(facts["best config"]["hidden"])
+    assert parent.data.metrics["best_mean_accuracy"] == pytest.approx(facts["best validation accuracy"], abs=1e-4)
 
 
 @pytest.mark.lakefs
 def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakefs_kind, client):
     import lakefs
 
-    from helpers import versioning
+    from helpers import experiments, versioning
     from helpers.config import load_settings
 
     repo_name = f"t-nb-{bucket[2:10]}"
@@ -111,12 +128,13 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         for branch, commit_id in facts["experiment commits"].items():  # what the notebook says is in lakeFS
             commit = repo.ref(commit_id).get_commit()
             assert commit.metadata["experiment"] == branch and repo.branch(branch).get_commit().id == commit_id
-            assert versioning.decode_metadata(commit.metadata, "metric") == versioning.read_json(
-                repo, commit_id, versioning.METRICS_PATH)
+            assert experiments.decode_metadata(commit.metadata, "metric") == experiments.read_json(
+                repo, commit_id, experiments.METRICS_PATH)
         winner = facts["experiment commits"][facts["winner"]]
-        committed = versioning.read_json(repo, winner, versioning.METRICS_PATH)["accuracy"]
+        committed = experiments.read_json(repo, winner, experiments.METRICS_PATH)["accuracy"]
         assert facts["winner accuracy"] == round(committed, 4)
         assert facts["recomputed accuracy"] == facts["winner accuracy"]
+        assert facts["files changed by the winner"] == sorted(experiments.EXPERIMENT_FILES)
         assert facts["tag"] == "model-v1" and repo.tag("model-v1").get_commit().id == facts["merge commit"]
         assert facts["reproduced"] is True
     finally:

@@ -11,9 +11,11 @@ import uuid
 
 import lakefs
 import pytest
+from mlflow.tracking import MlflowClient
 
 from conftest import uploaded_bucket
-from helpers import storage, tracking, versioning
+from helpers import experiments as exp
+from helpers import listing, storage, tracking, upload, versioning
 from helpers.config import ParameterError, load_settings
 
 SMOKE = 240
@@ -35,50 +37,50 @@ def source_bucket(client):
 @pytest.fixture(scope="module")
 def repo(lk_settings, source_bucket):
     name = f"t-{uuid.uuid4().hex[:10]}"
-    repository = versioning.ensure_repository(versioning.connect(lk_settings), name, lk_settings)
+    repository = exp.ensure_repository(versioning.connect(lk_settings), name, lk_settings)
     yield repository
     repository.delete()
 
 
 @pytest.fixture(scope="module")
 def imported(repo, source_bucket, client):
-    before = storage.bucket_usage(source_bucket, client=client)
-    result = versioning.import_from_bucket(repo, source_bucket, progress=False)
+    before = exp.bucket_usage(source_bucket, client=client)
+    result = exp.import_from_bucket(repo, source_bucket)
     return before, result
 
 
 @pytest.fixture(scope="module")
 def experiments(repo, imported, lk_settings):
-    return versioning.run_experiments(repo, GRID, lk_settings)
+    return exp.run_experiments(repo, GRID, lk_settings)
 
 
 def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported, source_bucket, client):
     before, result = imported
-    keys = [k for k in storage.list_objects_parallel(source_bucket, client=client) if k.startswith(("train/", "test/"))]
+    keys = [k for k in listing.list_objects_parallel(source_bucket, client=client) if k.startswith(("train/", "test/"))]
     assert result.objects == len(keys) == SMOKE + SMOKE // 6 and not result.reused
-    assert storage.bucket_usage(source_bucket, client=client) == before  # nothing copied into the bucket
-    assert versioning.list_paths(repo, versioning.INGEST_BRANCH, "") == sorted(keys)
+    assert exp.bucket_usage(source_bucket, client=client) == before  # nothing copied into the bucket
+    assert exp.list_paths(repo, exp.INGEST_BRANCH, "") == sorted(keys)
     key = keys[7]
-    stat = repo.ref(versioning.INGEST_BRANCH).object(key).stat()
+    stat = repo.ref(exp.INGEST_BRANCH).object(key).stat()
     assert stat.physical_address == f"s3://{source_bucket}/{key}"
-    assert versioning.read_bytes(repo, versioning.INGEST_BRANCH, key) == storage.read_object(client, source_bucket, key)
+    assert exp.read_bytes(repo, exp.INGEST_BRANCH, key) == storage.read_object(client, source_bucket, key)
     commit = repo.ref(result.commit_id).get_commit()
     assert commit.metadata["import_source"] == f"s3://{source_bucket}/train/,s3://{source_bucket}/test/"
 
 
 def test_a_second_import_of_the_same_sources_is_reused(repo, imported, source_bucket):
-    again = versioning.import_from_bucket(repo, source_bucket, progress=False)
+    again = exp.import_from_bucket(repo, source_bucket)
     assert again.reused and again.commit_id == imported[1].commit_id and again.objects == imported[1].objects
 
 
 def test_a_bucket_that_grew_is_imported_again(lk_settings, client):
     with uploaded_bucket(client, "grow", 60) as name:
-        repository = versioning.ensure_repository(versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}",
+        repository = exp.ensure_repository(versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}",
                                                   lk_settings)
         try:
-            first = versioning.import_from_bucket(repository, name, progress=False, settings=lk_settings)
-            storage.upload_mnist(name, 120, client=client, progress=False)  # 60 + 10 more images arrive
-            second = versioning.import_from_bucket(repository, name, progress=False, settings=lk_settings)
+            first = exp.import_from_bucket(repository, name, settings=lk_settings)
+            upload.upload_mnist(name, 120, client=client, progress=False)  # 60 + 10 more images arrive
+            second = exp.import_from_bucket(repository, name, settings=lk_settings)
             assert (first.objects, second.objects) == (70, 140) and not second.reused
             assert repository.ref(second.commit_id).get_commit().parents == [first.commit_id]
         finally:
@@ -90,14 +92,14 @@ def test_each_experiment_commits_three_files_with_params_and_recomputed_metrics(
     for result in experiments:
         commit = repo.ref(result.commit_id).get_commit()
         assert commit.parents == [imported[1].commit_id]  # branched from the ingest commit
-        files = [p for p in versioning.list_paths(repo, result.commit_id, "") if not p.startswith(("train/", "test/"))]
-        assert files == sorted(versioning.EXPERIMENT_FILES)
-        params = versioning.read_json(repo, result.commit_id, versioning.PARAMS_PATH)
-        metrics = versioning.read_json(repo, result.commit_id, versioning.METRICS_PATH)
-        assert versioning.decode_metadata(commit.metadata, "param") == params == result.params
-        assert versioning.decode_metadata(commit.metadata, "metric") == metrics == result.metrics
+        files = [p for p in exp.list_paths(repo, result.commit_id, "") if not p.startswith(("train/", "test/"))]
+        assert files == sorted(exp.EXPERIMENT_FILES)
+        params = exp.read_json(repo, result.commit_id, exp.PARAMS_PATH)
+        metrics = exp.read_json(repo, result.commit_id, exp.METRICS_PATH)
+        assert exp.decode_metadata(commit.metadata, "param") == params == result.params
+        assert exp.decode_metadata(commit.metadata, "metric") == metrics == result.metrics
         assert params["data_commit"] == imported[1].commit_id and params["train_images"] == SMOKE
-        recomputed = versioning.evaluate_commit(repo, result.commit_id)
+        recomputed = exp.evaluate_commit(repo, result.commit_id)
         assert recomputed["accuracy"] == metrics["accuracy"]  # not accuracy + 0.5
         assert recomputed["test_loss"] == pytest.approx(metrics["test_loss"], abs=1e-6)
         assert 0.1 < metrics["accuracy"] <= 1.0
@@ -108,19 +110,19 @@ def test_mlflow_run_and_lakefs_commit_point_at_each_other(repo, experiments, lk_
     for result in experiments:
         commit = repo.ref(result.commit_id).get_commit()
         assert commit.metadata["mlflow_run_id"] == result.mlflow_run_id
-        run = tracking._client(uri).get_run(result.mlflow_run_id)
+        run = MlflowClient(uri).get_run(result.mlflow_run_id)
         assert run.data.tags["lakefs.commit"] == result.commit_id
         assert run.data.tags["lakefs.branch"] == result.branch and run.data.tags["lakefs.repository"] == repo.id
         assert tracking.run_metrics(uri, result.mlflow_run_id)["accuracy"] == result.metrics["accuracy"]
 
 
 def test_comparison_table_equals_what_lakefs_holds(repo, experiments):
-    table = versioning.compare_experiments(repo)
+    table = exp.compare_experiments(repo, [r.branch for r in experiments])
     assert sorted(table.branch) == sorted(r.branch for r in experiments)
     assert list(table.accuracy) == sorted(table.accuracy, reverse=True)
     for row in table.itertuples():
         head = repo.branch(row.branch).get_commit()
-        stored = json.loads(repo.ref(head.id).object(versioning.METRICS_PATH).reader(pre_sign=False).read())
+        stored = json.loads(repo.ref(head.id).object(exp.METRICS_PATH).reader(pre_sign=False).read())
         assert row.commit_id == head.id and row.metrics_match
         assert (row.accuracy, row.test_loss, row.train_loss) == (stored["accuracy"], stored["test_loss"],
                                                                stored["train_loss"])
@@ -128,48 +130,48 @@ def test_comparison_table_equals_what_lakefs_holds(repo, experiments):
 
 
 def test_diff_against_ingest_shows_only_the_experiment_files(repo, experiments):
-    diff = versioning.diff_table(repo, experiments[0].branch)
-    assert list(diff.path) == sorted(versioning.EXPERIMENT_FILES) and set(diff.type) == {"added"}
+    diff = list(repo.ref(exp.INGEST_BRANCH).diff(repo.ref(experiments[0].branch)))
+    assert sorted(c.path for c in diff) == sorted(exp.EXPERIMENT_FILES) and {c.type for c in diff} == {"added"}
 
 
 def test_commits_are_immutable_and_branches_are_pointers(repo, experiments):
     old = experiments[0].commit_id
     branch = repo.branch(f"scratch-{uuid.uuid4().hex[:6]}").create(old)
     assert branch.get_commit().id == old  # a new branch is a pointer: no new commit, no copy
-    branch.object(versioning.METRICS_PATH).upload('{"accuracy": 1.5}', mode="w", pre_sign=False)
-    assert [c.path for c in branch.uncommitted()] == [versioning.METRICS_PATH]
-    assert versioning.read_json(repo, f"{branch.id}@", versioning.METRICS_PATH) == experiments[0].metrics  # committed
-    assert versioning.read_json(repo, branch.id, versioning.METRICS_PATH) == {"accuracy": 1.5}  # staged
+    branch.object(exp.METRICS_PATH).upload('{"accuracy": 1.5}', mode="w", pre_sign=False)
+    assert [c.path for c in branch.uncommitted()] == [exp.METRICS_PATH]
+    assert exp.read_json(repo, f"{branch.id}@", exp.METRICS_PATH) == experiments[0].metrics  # committed
+    assert exp.read_json(repo, branch.id, exp.METRICS_PATH) == {"accuracy": 1.5}  # staged
     new = branch.commit("overwrite metrics").get_commit()
     assert new.parents == [old] and branch.get_commit().id == new.id and not list(branch.uncommitted())
-    assert versioning.read_json(repo, old, versioning.METRICS_PATH) == experiments[0].metrics
-    assert versioning.read_json(repo, f"{branch.id}~1", versioning.METRICS_PATH) == experiments[0].metrics
+    assert exp.read_json(repo, old, exp.METRICS_PATH) == experiments[0].metrics
+    assert exp.read_json(repo, f"{branch.id}~1", exp.METRICS_PATH) == experiments[0].metrics
     branch.delete()
-    assert versioning.read_json(repo, new.id, versioning.METRICS_PATH) == {"accuracy": 1.5}  # commits outlive it
+    assert exp.read_json(repo, new.id, exp.METRICS_PATH) == {"accuracy": 1.5}  # commits outlive it
 
 
 def test_promote_merges_the_winner_into_main_and_tags_it(repo, experiments):
-    first = versioning.promote(repo, experiments[1].branch)
+    first = exp.promote(repo, experiments[1].branch)
     assert first.tag == "model-v1" and repo.tag("model-v1").get_commit().id == first.merge_commit
     assert repo.branch("main").get_commit().id == first.merge_commit
-    assert versioning.read_json(repo, "main", versioning.METRICS_PATH) == experiments[1].metrics
-    assert len(versioning.list_paths(repo, "model-v1", "train/")) == SMOKE
-    second = versioning.promote(repo, experiments[0].branch)  # the new winner replaces the old one's files
+    assert exp.read_json(repo, "main", exp.METRICS_PATH) == experiments[1].metrics
+    assert len(exp.list_paths(repo, "model-v1", "train/")) == SMOKE
+    second = exp.promote(repo, experiments[0].branch)  # the new winner replaces the old one's files
     assert second.tag == "model-v2"
-    assert versioning.read_json(repo, "model-v2", versioning.METRICS_PATH) == experiments[0].metrics
-    assert versioning.read_json(repo, "model-v1", versioning.METRICS_PATH) == experiments[1].metrics
+    assert exp.read_json(repo, "model-v2", exp.METRICS_PATH) == experiments[0].metrics
+    assert exp.read_json(repo, "model-v1", exp.METRICS_PATH) == experiments[1].metrics
 
 
 def test_reproduce_from_a_commit_id_alone(repo, experiments):
     result = experiments[1]
-    reproduction = versioning.reproduce(repo, result.commit_id)
+    reproduction = exp.reproduce(repo, result.commit_id)
     assert reproduction.within_tolerance and reproduction.recorded == result.metrics
     assert reproduction.params == result.params
     assert reproduction.reproduced["accuracy"] == pytest.approx(result.metrics["accuracy"], abs=reproduction.tolerance)
 
 
 def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_settings):
-    again = versioning.run_experiments(repo, GRID[:1], lk_settings, parallel=False)
+    again = exp.run_experiments(repo, GRID[:1], lk_settings, parallel=False)
     assert again[0].branch == experiments[0].branch and again[0].commit_id != experiments[0].commit_id
     assert again[0].metrics == experiments[0].metrics  # same data, same seed: the same model
 
@@ -177,9 +179,9 @@ def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_setti
 def test_a_bad_grid_fails_before_any_branch_is_made(repo):
     branches = {b.id for b in repo.branches()}
     with pytest.raises(ParameterError, match="optimizer must be one of"):
-        versioning.run_experiments(repo, [{"optimizer": "rmsprop"}], parallel=False)
+        exp.run_experiments(repo, [{"optimizer": "rmsprop"}], parallel=False)
     with pytest.raises(ParameterError, match="Unknown experiment parameter"):
-        versioning.run_experiments(repo, [{"optimiser": "sgd"}], parallel=False)
+        exp.run_experiments(repo, [{"optimiser": "sgd"}], parallel=False)
     assert {b.id for b in repo.branches()} == branches
 
 
@@ -206,7 +208,7 @@ def test_wrong_keys_give_one_clear_error(lk_settings):
 
 def test_lakefs_refusals_come_back_as_one_line(repo, lk_settings):
     with pytest.raises(versioning.LakeFSError, match="reading config/params.json at no-such-branch"):
-        versioning.read_bytes(repo, "no-such-branch", "config/params.json")
+        exp.read_bytes(repo, "no-such-branch", "config/params.json")
     client = versioning.connect(lk_settings)
     with pytest.raises(lakefs.exceptions.ConflictException):  # creating it twice without exist_ok is refused
         lakefs.Repository(repo.id, client=client).create(versioning.storage_namespace(repo.id))
@@ -219,7 +221,7 @@ def test_merging_conflicting_changes_needs_a_strategy(repo, imported):
         branch.object("notes.txt").upload(text, mode="w", pre_sign=False)
         branch.commit(f"notes from {name}")
     repo.branch(names[0]).merge_into(names[1], strategy="source-wins")
-    assert versioning.read_bytes(repo, names[1], "notes.txt") == b"left"
+    assert exp.read_bytes(repo, names[1], "notes.txt") == b"left"
     repo.branch(names[1]).object("notes.txt").upload("changed again", mode="w", pre_sign=False)
     repo.branch(names[1]).commit("more notes")
     repo.branch(names[0]).object("notes.txt").upload("left, changed", mode="w", pre_sign=False)

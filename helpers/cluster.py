@@ -1,0 +1,96 @@
+"""Ray start-up for laptops and clusters: one call that every Ray notebook makes (notebooks 03-06).
+
+``RAY_ADDRESS`` (from the settings) joins a running cluster and ships the
+``helpers`` package to its workers; without it a local Ray starts. Either
+way every worker gets the object-store and MLflow settings as environment
+variables (``runtime_env``), so it can open its own clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+from helpers.config import Settings, load_settings
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment variables that let a worker process build the same settings.
+
+    ``AWS_EC2_METADATA_DISABLED`` stops the AWS SDK inside pyarrow from probing
+    the EC2 metadata service, which costs seconds per process off AWS.
+    """
+    values = {
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "S3_ENDPOINT": settings.s3_url, "S3_ACCESS_KEY": settings.s3_access_key,
+        "S3_SECRET_KEY": settings.s3_secret_key, "S3_SECURE": str(settings.s3_secure).lower(),
+        "S3_REGION": settings.s3_region, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+    }
+    return {k: v for k, v in values.items() if v}
+
+
+def quiet_ray() -> None:
+    """Keep Ray's log lines, Ray Data's progress bars and execution banners out of notebook outputs."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.enable_operator_progress_bars = False
+    ctx.print_on_execution_start = False
+    ctx.enable_auto_log_stats = False
+    for name in ("ray", "ray.data", "ray.train", "ray.tune"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # Ray hands read-only numpy blocks to torch; harmless here, noisy in every notebook.
+    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quiet: bool = True,
+             dashboard: bool = False, log_to_driver: bool = False) -> dict[str, Any]:
+    """Start or join Ray with the service settings passed to every worker (notebooks 03-06).
+
+    Args:
+        settings: where the services are; :func:`helpers.config.load_settings` by default.
+        num_cpus: CPUs for a local Ray (default: all).
+        quiet: hide Ray's log lines and Ray Data progress bars in notebook outputs.
+        dashboard: start the Ray dashboard (costs memory and CPU on a laptop).
+        log_to_driver: show worker stdout in the driver (off: workers write to a log file instead).
+
+    Returns:
+        The cluster's resources (``ray.cluster_resources()``); the running
+        cluster's when Ray is already started.
+    """
+    import ray
+
+    settings = settings or load_settings()
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    runtime_env: dict[str, Any] = {"env_vars": settings_env(settings)}
+    # "local" always starts a fresh local Ray; None would join any cluster a
+    # `ray start` left behind on this machine.
+    address = settings.ray_address or "local"
+    if address != "local":
+        import helpers
+
+        runtime_env["py_modules"] = [str(Path(helpers.__file__).parent)]
+    ray.init(
+        address=address,
+        num_cpus=num_cpus if address == "local" else None,
+        include_dashboard=dashboard,
+        logging_level=logging.ERROR if quiet else logging.INFO,
+        log_to_driver=log_to_driver,
+        runtime_env=runtime_env,
+        ignore_reinit_error=True,
+    )
+    if quiet:
+        quiet_ray()
+    return ray.cluster_resources()
+
+
+def shutdown_ray() -> None:
+    """Stop the local Ray (or leave the cluster): call it at the end of a notebook so papermill can exit."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

@@ -1,0 +1,422 @@
+"""Generated from notebooks/06_lakefs_parallel_experiments.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 06 · Parallel experiments on lakeFS branches.
+"""
+import io
+import itertools
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import lakefs
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 - the usual torch alias
+from mlflow.tracking import MlflowClient
+
+from helpers import tracking
+from helpers.config import ParameterError, Settings, load_settings
+from helpers.listing import split_train_test
+from helpers.preprocess import decode_images
+from helpers.storage import ensure_bucket, get_client, object_store_errors
+from helpers.training import accuracy, make_optimizer, model_from_params
+from helpers.versioning import LAKEFS_BUCKET, LakeFSError, connect, lakefs_errors, storage_namespace
+
+INGEST_BRANCH = "ingest"
+EXPERIMENT_PREFIX = "exp-"
+MODEL_PATH, PARAMS_PATH, METRICS_PATH = "artifacts/model.pt", "config/params.json", "metrics/metrics.json"
+EXPERIMENT_FILES = (MODEL_PATH, PARAMS_PATH, METRICS_PATH)
+MLFLOW_EXPERIMENT = "lakefs-experiments"
+
+
+def ensure_repository(client, name: str, settings: Settings | None = None, bucket: str = LAKEFS_BUCKET):
+    """The repository ``name`` (a ``lakefs.Repository``), created with its namespace bucket if missing."""
+    ensure_bucket(get_client(settings or load_settings()), bucket)
+    with lakefs_errors(f"creating repository {name!r}"):
+        return lakefs.repository(name, client=client).create(storage_namespace(name, bucket), exist_ok=True)
+
+
+@dataclass
+class ImportResult:
+    """What an import committed: the commit id, objects imported, seconds, and whether it was reused."""
+
+    commit_id: str
+    objects: int
+    seconds: float
+    reused: bool
+
+    def __str__(self) -> str:
+        how = "already imported" if self.reused else f"imported in {self.seconds:.1f} s"
+        return f"{self.objects:,} objects {how} (commit {self.commit_id[:12]})"
+
+
+def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
+    """Objects and bytes stored under ``prefix`` of ``bucket`` (an import copies nothing)."""
+    client = client or get_client()
+    objects = size = 0
+    with object_store_errors(client, bucket):
+        for obj in client.list_objects(bucket, prefix=prefix or None, recursive=True):
+            objects += 1
+            size += int(obj.size or 0)
+    return {"objects": objects, "bytes": size}
+
+
+def list_paths(repo, ref: str, prefix: str) -> list[str]:
+    """Every object path under ``prefix`` at ``ref`` (a branch, tag or commit id), sorted."""
+    with lakefs_errors(f"listing {prefix} at {ref}"):
+        return sorted(o.path for o in repo.ref(ref).objects(prefix=prefix))
+
+
+def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("train/", "test/"),
+                       branch: str = INGEST_BRANCH, poll_seconds: float = 0.5, force: bool = False,
+                       settings: Settings | None = None) -> ImportResult:
+    """Zero-copy import of ``s3://<bucket>/<prefix>`` for each prefix into ``branch`` (notebook 06).
+
+    Raises:
+        LakeFSError: the import failed (the message is lakeFS's).
+    """
+    sources = ",".join(f"s3://{bucket}/{p}" for p in prefixes)
+    with lakefs_errors(f"preparing branch {branch!r}"):
+        target = repo.branch(branch).create(repo.properties.default_branch, exist_ok=True)
+        head = target.get_commit()
+    if not force and head.metadata.get("import_source") == sources:
+        objects = sum(len(list_paths(repo, head.id, prefix)) for prefix in prefixes)
+        client = get_client(settings or load_settings())
+        if objects == sum(bucket_usage(bucket, prefix, client)["objects"] for prefix in prefixes):
+            return ImportResult(head.id, objects, 0.0, True)
+
+    started = time.perf_counter()
+    manager = target.import_data(commit_message=f"Zero-copy import of {', '.join(prefixes)} from s3://{bucket}",
+                                 metadata={"import_source": sources, "imported_by": "notebook 06"})
+    for prefix in prefixes:
+        manager.prefix(f"s3://{bucket}/{prefix}", destination=prefix)
+    with lakefs_errors(f"importing {sources}"):
+        manager.start()
+        # Poll here rather than manager.wait(): that runs asyncio.run(), which fails inside Jupyter's loop.
+        while True:
+            status = manager.status()
+            if status.error is not None:
+                raise LakeFSError(f"importing {sources}: {status.error.message}")
+            if status.completed:
+                break
+            time.sleep(poll_seconds)
+    return ImportResult(status.commit.id, int(status.ingested_objects or 0), time.perf_counter() - started, False)
+
+
+def read_bytes(repo, ref: str, path: str) -> bytes:
+    """One object's bytes at ``ref`` (a branch, tag or commit id), read through the lakeFS API."""
+    with lakefs_errors(f"reading {path} at {ref}"), repo.ref(ref).object(path).reader(mode="rb", pre_sign=False) as f:
+        return f.read()
+
+
+def read_json(repo, ref: str, path: str) -> dict[str, Any]:
+    """A JSON object stored at ``path`` in ``ref``."""
+    return json.loads(read_bytes(repo, ref, path))
+
+
+def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
+    """A seeded, shuffled subset of at most ``limit`` paths (0 = all): the same list for the same commit."""
+    order = np.random.default_rng(seed).permutation(len(paths))
+    chosen = [paths[i] for i in order]
+    return chosen[:limit] if limit else chosen
+
+
+def read_split(repo, ref: str, split: str, limit: int = 0, seed: int = 0,
+               threads: int = 8) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Images, labels and paths of ``split`` ("train" or "test") as stored at ``ref``: listing and bytes from lakeFS."""
+    x_train, y_train, x_test, y_test = split_train_test(list_paths(repo, ref, f"{split}/"))
+    labels = dict(zip(x_train, y_train, strict=True)) if split == "train" else dict(zip(x_test, y_test, strict=True))
+    paths = select_paths(sorted(labels), limit, seed)
+    if not paths:
+        raise LakeFSError(f"No {split}/ objects at {ref}: import the data first (import_from_bucket).")
+    with ThreadPoolExecutor(threads) as pool:
+        bodies = list(pool.map(lambda p: read_bytes(repo, ref, p), paths))
+    return decode_images(bodies), np.asarray([labels[p] for p in paths], dtype=np.int64), paths
+
+
+DEFAULT_LR = {"sgd": 0.05, "adam": 0.002}
+BASE_PARAMS: dict[str, Any] = {
+    "model": "mlp", "hidden_sizes": [128, 64], "optimizer": "sgd", "epochs": 2, "momentum": 0.9,
+    "batch_size": 64, "seed": 0, "train_size": 0, "test_size": 0,
+}
+
+
+def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Full training parameters: :data:`BASE_PARAMS`, the optimizer's default lr, then ``overrides``."""
+    unknown = set(overrides) - set(BASE_PARAMS) - {"lr"}
+    if unknown:
+        raise ParameterError(f"Unknown experiment parameter(s) {sorted(unknown)}; known: "
+                             f"{sorted([*BASE_PARAMS, 'lr'])}.")
+    params = {**BASE_PARAMS, **overrides}
+    if params["optimizer"] not in DEFAULT_LR:
+        raise ParameterError(f"optimizer must be one of {sorted(DEFAULT_LR)}, not {params['optimizer']!r}.")
+    if not isinstance(params["epochs"], int) or params["epochs"] < 1:
+        raise ParameterError(f"epochs must be a positive integer, not {params['epochs']!r}.")
+    params.setdefault("lr", DEFAULT_LR[params["optimizer"]])
+    return params
+
+
+def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_epoch=None):
+    """Train a model deterministically (seeded, one thread); returns it and the per-epoch mean loss."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bit-identical results whatever the machine's thread count
+    try:
+        torch.manual_seed(params["seed"])
+        net = model_from_params(dict(params))
+        optimizer = make_optimizer(params["optimizer"], net.parameters(), params["lr"], params["momentum"])
+        x, y = torch.as_tensor(x_train), torch.as_tensor(y_train)
+        rng = np.random.default_rng(params["seed"])
+        losses = []
+        for epoch in range(params["epochs"]):
+            net.train()
+            order = torch.as_tensor(rng.permutation(len(x)))
+            total = 0.0
+            for start in range(0, len(x), params["batch_size"]):
+                batch = order[start:start + params["batch_size"]]
+                optimizer.zero_grad()
+                loss = F.nll_loss(net(x[batch]), y[batch])
+                loss.backward()
+                optimizer.step()
+                total += loss.item() * len(batch)
+            losses.append(total / len(x))
+            if on_epoch is not None:
+                on_epoch(epoch, losses[-1])
+        return net, losses
+    finally:
+        torch.set_num_threads(threads)
+
+
+def evaluate(net, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, float]:
+    """Test accuracy and mean loss, computed from the model (nothing added to them)."""
+    net.eval()
+    with torch.no_grad():
+        log_probs = net(torch.as_tensor(x_test))
+        return {"accuracy": accuracy(log_probs.argmax(1).numpy(), y_test),
+                "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
+
+
+def load_model(repo, ref: str):
+    """The model committed at ``ref`` (``artifacts/model.pt``), ready for inference."""
+    saved = torch.load(io.BytesIO(read_bytes(repo, ref, MODEL_PATH)), map_location="cpu", weights_only=True)
+    net = model_from_params(saved["params"])
+    net.load_state_dict(saved["model_state"])
+    return net.eval()
+
+
+def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], extra: Mapping[str, str]) -> dict:
+    """Commit metadata (string values only): ``param.<name>`` and ``metric.<name>`` as JSON, plus ``extra``."""
+    out = {f"param.{k}": json.dumps(v) for k, v in params.items()}
+    out.update({f"metric.{k}": json.dumps(v) for k, v in metrics.items()})
+    out.update(extra)
+    return out
+
+
+def decode_metadata(metadata: Mapping[str, str], kind: str) -> dict[str, Any]:
+    """The ``param`` or ``metric`` values back from commit metadata."""
+    head = f"{kind}."
+    return {k[len(head):]: json.loads(v) for k, v in metadata.items() if k.startswith(head)}
+
+
+@dataclass
+class ExperimentResult:
+    """One experiment as committed: branch, commit id, params, metrics, MLflow run id, seconds."""
+
+    branch: str
+    commit_id: str
+    params: dict[str, Any]
+    metrics: dict[str, float]
+    mlflow_run_id: str | None
+    seconds: float
+
+
+def train_experiment(settings: Settings, repo_name: str, branch: str, overrides: Mapping[str, Any],
+                     mlflow_experiment: str = MLFLOW_EXPERIMENT) -> ExperimentResult:
+    """Train one experiment on its branch and commit the model, config and metrics together (notebook 06)."""
+    started = time.perf_counter()
+    repo = lakefs.repository(repo_name, client=connect(settings))
+    with lakefs_errors(f"reading branch {branch!r}"):
+        data_commit = repo.branch(branch).get_commit().id  # the ingest commit the branch starts from
+    params = experiment_params(overrides)
+    x_train, y_train, _ = read_split(repo, data_commit, "train", params["train_size"], params["seed"])
+    x_test, y_test, _ = read_split(repo, data_commit, "test", params["test_size"], params["seed"])
+    params.update(data_commit=data_commit, train_images=len(y_train), test_images=len(y_test))
+
+    mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
+    run_id = mlflow_client.create_run(
+        tracking.experiment_id(mlflow_client, mlflow_experiment), run_name=branch,
+        tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": data_commit},
+    ).info.run_id
+    mlflow_client.log_batch(run_id, params=tracking.as_params(params))
+    net, losses = fit(params, x_train, y_train, on_epoch=lambda epoch, loss: mlflow_client.log_metric(
+        run_id, "train_loss", loss, step=epoch))
+    metrics = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
+    mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=params["epochs"]))
+
+    model = io.BytesIO()
+    torch.save({"model_state": net.state_dict(), "params": params}, model)
+    target = repo.branch(branch)
+    with lakefs_errors(f"committing experiment {branch!r}"):
+        target.object(MODEL_PATH).upload(model.getvalue(), mode="wb", pre_sign=False,
+                                         content_type="application/octet-stream")
+        target.object(PARAMS_PATH).upload(json.dumps(params, indent=2), mode="w", pre_sign=False,
+                                          content_type="application/json")
+        target.object(METRICS_PATH).upload(json.dumps(metrics, indent=2), mode="w", pre_sign=False,
+                                           content_type="application/json")
+        extra = {"experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment}
+        commit = target.commit(f"Experiment {branch}: model, config and metrics",
+                               metadata=encode_metadata(params, metrics, extra))
+    mlflow_client.set_tag(run_id, "lakefs.commit", commit.id)
+    mlflow_client.set_terminated(run_id)
+    return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
+
+
+def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
+    """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``."""
+    parts = [str(v).replace(".", "_") for v in overrides.values()]
+    return prefix + "-".join("".join(c if c.isalnum() or c in "-_" else "_" for c in p) for p in parts)
+
+
+def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Every combination of the axes: ``experiment_grid(optimizer=["sgd", "adam"], epochs=[1, 3])``."""
+    names = list(axes)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: str) -> list[str]:
+    """One branch per experiment from ``source`` (a commit id); an existing one is recreated there."""
+    grid = list(grid)
+    names = [branch_name(overrides) for overrides in grid]
+    for overrides in grid:
+        experiment_params(overrides)  # fail on a bad grid before any branch is made
+    if len(set(names)) != len(names):
+        raise ParameterError(f"The grid gives two experiments the same branch name: {names}.")
+    for name in names:
+        with lakefs_errors(f"creating branch {name!r}"):
+            branch = repo.branch(name)
+            if any(b.id == name for b in repo.branches(prefix=name)):
+                branch.delete()
+            branch.create(source_reference=source)
+    return names
+
+
+def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings | None = None,
+                    source: str = INGEST_BRANCH, parallel: bool = True) -> list[ExperimentResult]:
+    """Every experiment of ``grid`` on its own branch, in parallel as Ray tasks (one CPU each), in grid order."""
+    settings = settings or load_settings()
+    with lakefs_errors(f"resolving {source!r}"):
+        source_commit = repo.ref(source).get_commit().id
+    branches = create_experiment_branches(repo, grid, source_commit)
+    if not parallel:
+        return [train_experiment(settings, repo.id, b, g) for b, g in zip(branches, grid, strict=True)]
+    import ray
+
+    from helpers.cluster import init_ray
+
+    init_ray(settings)
+    task = ray.remote(num_cpus=1, max_retries=0)(train_experiment)
+    refs = [task.remote(settings, repo.id, b, dict(g)) for b, g in zip(branches, grid, strict=True)]
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as err:
+        raise err.as_instanceof_cause() from None
+
+
+def compare_experiments(repo, branches: Sequence[str]):
+    """A table of the experiments, read back from lakeFS (commit metadata and metrics file), best first."""
+    import pandas as pd
+
+    rows = []
+    for name in branches:
+        with lakefs_errors(f"reading experiment {name!r}"):
+            commit = repo.branch(name).get_commit()
+        params = decode_metadata(commit.metadata, "param")
+        metrics = read_json(repo, commit.id, METRICS_PATH)
+        rows.append({
+            "branch": name, "commit": commit.id[:12], "optimizer": params.get("optimizer"),
+            "epochs": params.get("epochs"), "lr": params.get("lr"), "train_images": params.get("train_images"),
+            "accuracy": metrics["accuracy"], "test_loss": metrics["test_loss"], "train_loss": metrics["train_loss"],
+            "metrics_match": decode_metadata(commit.metadata, "metric") == metrics,
+            "mlflow_run_id": commit.metadata.get("mlflow_run_id", ""), "commit_id": commit.id,
+        })
+    table = pd.DataFrame(rows)
+    return table.sort_values("accuracy", ascending=False, ignore_index=True) if rows else table
+
+
+def evaluate_commit(repo, ref: str) -> dict[str, float]:
+    """Metrics recomputed from the model committed at ``ref`` on the test images at ``ref``."""
+    params = read_json(repo, ref, PARAMS_PATH)
+    x_test, y_test, _ = read_split(repo, ref, "test", params["test_size"], params["seed"])
+    return evaluate(load_model(repo, ref), x_test, y_test)
+
+
+@dataclass
+class Promotion:
+    """A winner merged into ``main``: the merge commit and the tag pointing at it."""
+
+    branch: str
+    merge_commit: str
+    tag: str
+
+
+def promote(repo, branch: str, tag: str | None = None, destination: str | None = None) -> Promotion:
+    """Merge ``branch`` into ``main`` (replacing an earlier winner's files) and tag the merge commit."""
+    destination = destination or repo.properties.default_branch
+    with lakefs_errors(f"merging {branch!r} into {destination!r}"):
+        head = repo.branch(branch).get_commit()
+        merge_commit = repo.branch(branch).merge_into(
+            destination, message=f"Promote experiment {branch}",
+            metadata={"promoted_branch": branch, "promoted_commit": head.id,
+                      **{k: v for k, v in head.metadata.items() if k.startswith(("metric.", "param."))}},
+            strategy="source-wins",
+        )
+    if tag is None:
+        with lakefs_errors("listing tags"):
+            taken = {t.id for t in repo.tags(prefix="model-v")}
+        tag = next(f"model-v{n}" for n in range(1, len(taken) + 2) if f"model-v{n}" not in taken)
+    with lakefs_errors(f"tagging {merge_commit[:12]} as {tag!r}"):
+        repo.tag(tag).create(merge_commit)
+    return Promotion(branch, merge_commit, tag)
+
+
+@dataclass
+class Reproduction:
+    """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
+
+    commit_id: str
+    params: dict[str, Any]
+    recorded: dict[str, float]
+    reproduced: dict[str, float]
+    tolerance: float
+    seconds: float
+    differences: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def within_tolerance(self) -> bool:
+        """Accuracy reproduced within ``tolerance`` (absolute)."""
+        return self.differences["accuracy"] <= self.tolerance
+
+    def __str__(self) -> str:
+        verdict, sign = ("reproduced", "<=") if self.within_tolerance else ("NOT reproduced", ">")
+        return (f"{verdict}: accuracy {self.recorded['accuracy']:.4f} recorded, {self.reproduced['accuracy']:.4f} "
+                f"now (|diff| {self.differences['accuracy']:.2g} {sign} {self.tolerance}) in {self.seconds:.1f} s")
+
+
+def reproduce(repo, commit_id: str, tolerance: float = 0.005) -> Reproduction:
+    """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
+
+    Training is seeded and single-threaded, so on the same machine and torch
+    version the numbers match exactly; the tolerance (absolute accuracy)
+    allows for other CPUs and BLAS builds.
+    """
+    started = time.perf_counter()
+    params = read_json(repo, commit_id, PARAMS_PATH)
+    recorded = read_json(repo, commit_id, METRICS_PATH)
+    x_train, y_train, _ = read_split(repo, commit_id, "train", params["train_size"], params["seed"])
+    x_test, y_test, _ = read_split(repo, commit_id, "test", params["test_size"], params["seed"])
+    net, losses = fit(params, x_train, y_train)
+    reproduced = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
+    differences = {k: abs(reproduced[k] - recorded[k]) for k in reproduced}
+    return Reproduction(commit_id, params, recorded, reproduced, tolerance, time.perf_counter() - started, differences)

@@ -1,0 +1,132 @@
+"""Generated from notebooks/02_list_and_split.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 02 · List the bucket and split it into pointer lists.
+"""
+import gzip
+import io
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import numpy as np
+from minio import Minio
+from minio.error import S3Error
+from PIL import Image
+
+from helpers.config import ParameterError
+from helpers.storage import (MalformedKeyError, StorageError, bucket_not_found, endpoint_of, get_client,
+                             object_store_errors, read_object, smoke_sizes)
+from helpers.upload import MANIFEST_KEY, SPLITS
+
+
+def get_object_list(bucket: str = "mnist", client: Minio | None = None) -> list[str]:
+    """Every key in the bucket from one recursive listing, as in the original article (notebook 02)."""
+    client = client or get_client()
+    with object_store_errors(client, bucket):
+        return [obj.object_name for obj in client.list_objects(bucket, recursive=True)]
+
+
+def split_train_test(objects) -> tuple[list[str], list[int], list[str], list[int]]:
+    """Split keys into ``X_train, y_train, X_test, y_test`` from each key's path (notebook 02).
+
+    Raises:
+        MalformedKeyError: a ``train/``/``test/`` key is not ``<split>/<label 0-9>/<id>.<ext>``.
+    """
+    out: dict[str, tuple[list[str], list[int]]] = {"train": ([], []), "test": ([], [])}
+    for key in objects:
+        parts = key.split("/")
+        if parts[0] not in out:
+            continue
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) > 9 or "." not in parts[2]:
+            raise MalformedKeyError(f"Malformed object key {key!r}: expected '<train|test>/<label 0-9>/<id>.<ext>'. "
+                                    "Remove or rename that object.")
+        out[parts[0]][0].append(key)
+        out[parts[0]][1].append(int(parts[1]))
+    (x_train, y_train), (x_test, y_test) = out["train"], out["test"]
+    return x_train, y_train, x_test, y_test
+
+
+def fetch_image(bucket: str, key: str, client: Minio | None = None) -> np.ndarray:
+    """Download one image object and decode it to a ``uint8 [28, 28]`` array (notebook 02)."""
+    body = read_object(client or get_client(), bucket, key)
+    return np.asarray(Image.open(io.BytesIO(body)).convert("L"))
+
+
+def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, max_workers: int = 20) -> list[str]:
+    """Data keys listed by label prefix (``train/0/`` ... ``test/9/``), 20 listings at once (notebook 02)."""
+    client = client or get_client(max_connections=max_workers)
+    prefixes = [f"{split}/{label}/" for split in SPLITS for label in range(10)]
+
+    def list_prefix(prefix: str) -> list[str]:
+        with object_store_errors(client, bucket):
+            return [o.object_name for o in client.list_objects(bucket, prefix=prefix, recursive=True)]
+
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        return [key for keys in pool.map(list_prefix, prefixes) for key in keys]
+
+
+def list_objects_from_manifest(bucket: str = "mnist", client: Minio | None = None) -> list[str]:
+    """Data keys read from the manifest object written at upload time: one GET (notebook 02).
+
+    Raises:
+        StorageError: the bucket has no manifest (it is written by ``helpers.upload.upload_mnist``).
+    """
+    client = client or get_client()
+    with object_store_errors(client, bucket):
+        try:
+            response = client.get_object(bucket, MANIFEST_KEY)
+        except S3Error as err:
+            if err.code == "NoSuchKey":
+                raise StorageError(f"Bucket '{bucket}' has no manifest ({MANIFEST_KEY}). It is written by "
+                                   "helpers.upload.upload_mnist(); or list with listing='parallel'.") from None
+            raise
+        try:
+            text = gzip.decompress(response.read()).decode()
+        finally:
+            response.close()
+            response.release_conn()
+    return text.split("\n") if text else []
+
+
+LISTINGS = {"recursive": get_object_list, "parallel": list_objects_parallel, "manifest": list_objects_from_manifest}
+
+
+ListingMethod = Literal["recursive", "parallel", "manifest"]
+
+
+def smoke_subset(keys: list[str], labels: list[int], count: int) -> tuple[list[str], list[int]]:
+    """The first ``count`` pointers ordered by object id (for canonical ids: the MNIST order)."""
+    order = sorted(range(len(keys)), key=lambda i: (keys[i].rsplit("/", 1)[-1], keys[i]))[:count]
+    return [keys[i] for i in order], [labels[i] for i in order]
+
+
+def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing: ListingMethod = "recursive",
+                        client: Minio | None = None) -> tuple[list[str], list[int], list[str], list[int], float]:
+    """List the bucket and split it into pointer lists, timed, like the original article (notebook 02).
+
+    Args:
+        bucket: bucket holding the uploaded MNIST objects.
+        smoke_test_size: keep only this many training pointers (and a sixth as many test pointers); 0 keeps all.
+        listing: ``"recursive"``, ``"parallel"`` (by label prefix) or ``"manifest"`` (one GET).
+        client: a MinIO client; one is made by default.
+
+    Returns:
+        ``X_train, y_train, X_test, y_test, load_time_sec``.
+
+    Raises:
+        ParameterError: bad smoke size or listing name.
+        StorageError: store unreachable, bad credentials, missing bucket or manifest.
+    """
+    if listing not in LISTINGS:
+        raise ParameterError(f"listing must be one of {sorted(LISTINGS)}, not {listing!r}.")
+    n_train, n_test = smoke_sizes(smoke_test_size)
+    client = client or get_client()
+    started = time.perf_counter()
+    with object_store_errors(client, bucket):
+        if not client.bucket_exists(bucket):
+            raise bucket_not_found(endpoint_of(client), bucket)
+    x_train, y_train, x_test, y_test = split_train_test(LISTINGS[listing](bucket, client=client))
+    if smoke_test_size:
+        x_train, y_train = smoke_subset(x_train, y_train, n_train)
+        x_test, y_test = smoke_subset(x_test, y_test, n_test)
+    return x_train, y_train, x_test, y_test, time.perf_counter() - started

@@ -1,0 +1,310 @@
+"""Generated from notebooks/03_ray_data_preprocessing.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 03 · Preprocess from pointers with Ray Data.
+"""
+import io
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from helpers.cluster import init_ray
+from helpers.config import ParameterError, Settings, load_settings
+from helpers.listing import get_train_test_data
+from helpers.storage import ObjectDecodeError, StorageError, get_client, read_object, s3_filesystem
+
+
+def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None):
+    """Pointers and labels as a Ray Dataset of ``{"X": key, "y": label}`` rows (notebook 03)."""
+    import ray.data
+
+    if len(X) != len(y):
+        raise ParameterError(f"X has {len(X)} pointers but y has {len(y)} labels; they must align.")
+    if len(X) == 0:
+        raise ParameterError("No pointers: list the bucket first (helpers.listing.get_train_test_data).")
+    items = [{"X": str(key), "y": int(label)} for key, label in zip(X, y, strict=True)]
+    return ray.data.from_items(items, override_num_blocks=override_num_blocks)
+
+
+LOG_FILE_NAME = "preprocess.log"
+
+
+def create_logger(log_dir: str | Path | None = None, name: str = "preprocess") -> logging.Logger:
+    """A logger that stamps every line with the process id, to stdout and ``<log_dir>/preprocess.log``."""
+    log_dir = Path(log_dir or os.environ.get("PREPROCESS_LOG_DIR") or Path(os.environ.get("TMPDIR", "/tmp")))
+    logger = logging.getLogger(f"helpers.{name}")
+    if getattr(logger, "_log_dir", None) != str(log_dir):
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        fmt = logging.Formatter("%(process)d %(asctime)s | %(levelname)s | %(message)s")
+        for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(log_dir / LOG_FILE_NAME)):
+            handler.setFormatter(fmt)
+            logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        logger._log_dir = str(log_dir)  # type: ignore[attr-defined]
+    return logger
+
+
+def read_log(log_dir: str | Path) -> list[str]:
+    """Lines the pid-stamped logger wrote to ``<log_dir>/preprocess.log``."""
+    path = Path(log_dir) / LOG_FILE_NAME
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def node_id() -> str:
+    """Short id of the Ray node this code runs on ('-' outside Ray)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()[:8] if ray.is_initialized() else "-"
+
+
+def decode_images(bodies: Sequence[bytes]) -> np.ndarray:
+    """Encoded images -> ``float32 [n, 1, 28, 28]`` in [-1, 1] (ToTensor + Normalize((0.5,), (0.5,)))."""
+    pixels = np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies])
+    return (pixels.astype(np.float32)[:, None, :, :] / 255.0 - 0.5) / 0.5
+
+
+def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
+    """One object fetched and decoded to ``uint8 [28, 28]``.
+
+    Raises:
+        ObjectDecodeError: the object is missing or not a 28x28 image; the message names its key.
+    """
+    try:
+        body = read_object(client, bucket, key)
+    except StorageError as err:
+        raise ObjectDecodeError(f"Object '{key}' could not be fetched: {err}") from None
+    try:
+        image = np.asarray(Image.open(io.BytesIO(body)).convert("L"))
+    except Exception as err:
+        raise ObjectDecodeError(f"Object '{key}' is not a readable image ({type(err).__name__}: {err}).") from None
+    if image.shape != (28, 28):
+        raise ObjectDecodeError(f"Object '{key}' is {image.shape[1]}x{image.shape[0]} pixels, not 28x28.")
+    return image
+
+
+class SkipCounter:
+    """Counts objects skipped by the workers (a named Ray actor shared by all of them)."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def add(self, keys: list[str]) -> None:
+        """Record skipped keys."""
+        self.keys.extend(keys)
+
+    def get(self) -> list[str]:
+        """All keys skipped so far."""
+        return list(self.keys)
+
+
+def skip_counter(name: str):
+    """The named :class:`SkipCounter` actor ``name`` (created on first use)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(SkipCounter).options(name=name, get_if_exists=True, lifetime="detached").remote()
+
+
+def skipped_keys(name: str) -> list[str]:
+    """Keys the workers skipped under counter ``name``; the counter is removed afterwards."""
+    import ray
+
+    try:
+        counter = ray.get_actor(name)
+    except ValueError:
+        return []
+    keys = ray.get(counter.get.remote())
+    ray.kill(counter)
+    return keys
+
+
+def to_batch(keys, labels, images: list, skip_counter_name: str | None) -> dict[str, np.ndarray]:
+    """Stack decoded images into ``{"X": float32 [n, 1, 28, 28], "y": int64 [n]}``; errors raise or are counted."""
+    good_images, good_labels, failed = [], [], []
+    for key, label, image in zip(keys, labels, images, strict=True):
+        if isinstance(image, Exception):
+            if skip_counter_name is None:
+                raise image
+            failed.append(str(key))
+        else:
+            good_images.append(image)
+            good_labels.append(int(label))
+    if failed:
+        import ray
+
+        # Wait for the count to land, so the driver reads it complete after the job.
+        ray.get(skip_counter(skip_counter_name).add.remote(failed))
+    if not good_images:
+        return {"X": np.zeros((0, 1, 28, 28), np.float32), "y": np.zeros(0, np.int64)}
+    pixels = np.stack(good_images).astype(np.float32)[:, None, :, :]
+    return {"X": (pixels / 255.0 - 0.5) / 0.5, "y": np.asarray(good_labels, dtype=np.int64)}
+
+
+def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_name: str | None = None,
+                     log_dir: str | None = None) -> dict[str, np.ndarray]:
+    """The original article's task function, corrected: fetch each object of the batch, decode, normalise.
+
+    Opens one client per batch and fetches one object after another, as the article did.
+    """
+    started = time.perf_counter()
+    client = get_client(load_settings(), max_connections=1)
+    images = []
+    for key in batch["X"]:
+        try:
+            images.append(fetch_decode(client, bucket, str(key)))
+        except ObjectDecodeError as err:
+            images.append(err)
+    out = to_batch(batch["X"], batch["y"], images, skip_counter_name)
+    if log_dir:
+        create_logger(log_dir).info(
+            f"task on node {node_id()}: {len(batch['X'])} objects in {time.perf_counter() - started:.2f} s")
+    return out
+
+
+class ObjectPreprocessor:
+    """The actor form: one client per actor, a batch's objects fetched concurrently (notebook 03)."""
+
+    def __init__(self, bucket: str, threads: int = 16, skip_counter_name: str | None = None,
+                 log_dir: str | None = None) -> None:
+        self.bucket = bucket
+        self.client = get_client(load_settings(), max_connections=threads)
+        self.pool = ThreadPoolExecutor(max_workers=threads)
+        self.skip_counter_name = skip_counter_name
+        self.log_dir = log_dir
+
+    def _fetch(self, key: str):
+        try:
+            return fetch_decode(self.client, self.bucket, key)
+        except ObjectDecodeError as err:
+            return err
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Fetch and decode one batch (``{"X": keys, "y": labels}``)."""
+        started = time.perf_counter()
+        images = list(self.pool.map(self._fetch, [str(k) for k in batch["X"]]))
+        out = to_batch(batch["X"], batch["y"], images, self.skip_counter_name)
+        if self.log_dir:
+            create_logger(self.log_dir).info(
+                f"actor on node {node_id()}: {len(batch['X'])} objects in {time.perf_counter() - started:.2f} s")
+        return out
+
+
+def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: int = 2, threads: int = 16,
+                           skip_counter_name: str | None = None, log_dir: str | None = None):
+    """Lazily map a pointer dataset to image tensors with a pool of ``num_actors`` actors (notebooks 03-06)."""
+    with warnings.catch_warnings():
+        # max_restarts is a plain remote argument in this Ray version, which warns about those.
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return ds.map_batches(
+            ObjectPreprocessor,
+            batch_size=batch_size,
+            concurrency=num_actors,  # the actor pool's size
+            fn_constructor_kwargs={"bucket": bucket, "threads": threads,
+                                   "skip_counter_name": skip_counter_name, "log_dir": log_dir},
+            max_restarts=0,
+        )
+
+
+PACKED_PREFIX = "packed"
+
+
+def normalise_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``read_images`` rows (``image`` uint8, ``label``) -> the same batches as the other readers."""
+    pixels = np.asarray(batch["image"], dtype=np.float32).reshape(-1, 1, 28, 28)
+    return {"X": (pixels / 255.0 - 0.5) / 0.5, "y": np.asarray(batch["label"], dtype=np.int64)}
+
+
+def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None,
+                        settings: Settings | None = None):
+    """Images via ``ray.data.read_images`` over pyarrow S3, the label from the folder name (notebook 03).
+
+    Without ``keys`` Ray lists ``<bucket>/<split>/`` itself; with them it reads exactly those objects.
+    """
+    import ray.data
+    from ray.data.datasource import Partitioning
+
+    partitioning = Partitioning("dir", base_dir=f"{bucket}/{split}", field_names=["label"],
+                                field_types={"label": int})
+    paths = [f"{bucket}/{key}" for key in keys] if keys is not None else f"{bucket}/{split}/"
+    ds = ray.data.read_images(paths, filesystem=s3_filesystem(settings), mode="L", partitioning=partitioning)
+    return ds.map_batches(normalise_images, batch_size=1000)
+
+
+def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarray]:
+    """Pointer rows -> rows holding the encoded image bytes (what a Parquet shard stores)."""
+    client = get_client(load_settings(), max_connections=16)
+    with ThreadPoolExecutor(16) as pool:
+        bodies = list(pool.map(lambda key: read_object(client, bucket, str(key)), batch["X"]))
+    return {"key": batch["X"], "label": np.asarray(batch["y"], dtype=np.int64), "image": np.array(bodies, dtype=object)}
+
+
+def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4,
+                        settings: Settings | None = None) -> str:
+    """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/``.
+
+    Each row holds the key, the label and the encoded image bytes. The new
+    shards go to a fresh folder first; the old ones are removed only after.
+
+    Returns:
+        The path (``<bucket>/packed/<split>``) :func:`read_parquet_dataset` reads.
+    """
+    settings = settings or load_settings()
+    filesystem = s3_filesystem(settings)
+    path = f"{bucket}/{PACKED_PREFIX}/{split}"
+    filesystem.delete_dir_contents(path, missing_dir_ok=True)
+    rows = ds.map_batches(fetch_rows, batch_size=1000, fn_kwargs={"bucket": bucket})
+    rows.repartition(num_shards).write_parquet(path, filesystem=filesystem)
+    return path
+
+
+def decode_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Packed rows (encoded ``image`` bytes, ``label``) -> decoded, normalised batches."""
+    return {"X": decode_images(list(batch["image"])), "y": np.asarray(batch["label"], dtype=np.int64)}
+
+
+def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings | None = None):
+    """The packed shards via ``ray.data.read_parquet``, decoded to the same batches as the other readers."""
+    import ray.data
+
+    ds = ray.data.read_parquet(f"{bucket}/{PACKED_PREFIX}/{split}", filesystem=s3_filesystem(settings))
+    return ds.select_columns(["label", "image"]).map_batches(decode_packed, batch_size=1000)
+
+
+def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
+    """The same pointers in a seeded random order (listings come back sorted by label)."""
+    order = np.random.default_rng(seed).permutation(len(X))
+    return [X[i] for i in order], [int(y[i]) for i in order]
+
+
+def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
+                  seed: int = 0):
+    """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
+
+    The training pointers are shuffled (seeded) first.
+    """
+    settings = settings or load_settings()
+    init_ray(settings)
+    x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
+                                                              get_client(settings))
+    x_train, y_train = shuffle_pointers(x_train, y_train, seed)
+    train_ds = preprocess_with_actors(to_ray_dataset(x_train, y_train), bucket, num_actors=num_actors).materialize()
+    test_ds = preprocess_with_actors(to_ray_dataset(x_test, y_test), bucket, num_actors=num_actors).materialize()
+    return train_ds, test_ds
+
+
+def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:
+    """All ``X`` and ``y`` of a (small, materialised) dataset as numpy arrays."""
+    xs, ys = [], []
+    for batch in ds.iter_batches(batch_size=None):
+        xs.append(batch["X"])
+        ys.append(batch["y"])
+    return np.concatenate(xs), np.concatenate(ys)

@@ -1,0 +1,247 @@
+"""Generated from notebooks/05_tune_sweeps.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 05 · Hyperparameter sweeps with Ray Tune, tracked in MLflow.
+"""
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from ray import tune
+from torch import nn
+
+from helpers import tracking
+from helpers.config import ParameterError, Settings, load_settings
+from helpers.preprocess import dataset_to_numpy, load_datasets
+from helpers.storage import s3_filesystem
+from helpers.training import MNISTModel, accuracy, load_checkpoint, predict, train_func_per_worker, worker_resources
+
+METRIC, MODE = "mean_accuracy", "max"
+KNOWN_GOOD = {"rate": 0.2, "hidden": 128, "activation": "relu", "lr": 0.05}  # the original article's start
+CHECKPOINT_FILE = "model.pt"
+
+
+def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = None,
+                validation_fraction: float = 1 / 6, seed: int = 0) -> dict[str, np.ndarray]:
+    """Preprocessed train/validation/test arrays (validation split off the shuffled training set)."""
+    train_ds, test_ds = load_datasets(bucket, smoke_test_size, settings, seed=seed)
+    x, y = dataset_to_numpy(train_ds)
+    x_test, y_test = dataset_to_numpy(test_ds)
+    cut = int(len(x) * (1 - validation_fraction))
+    if cut < 1 or cut == len(x):
+        raise ParameterError(f"{len(x)} training images cannot be split into training and validation: "
+                             "use a larger smoke_test_size.")
+    return {"x_train": x[:cut], "y_train": y[:cut], "x_val": x[cut:], "y_val": y[cut:],
+            "x_test": x_test, "y_test": y_test}
+
+
+def search_space() -> dict[str, Any]:
+    """The original article's space (rate, hidden, activation) plus the learning rate."""
+    return {
+        "rate": tune.uniform(0.1, 0.5),
+        "hidden": tune.randint(32, 512),
+        "activation": tune.choice(["relu", "tanh"]),
+        "lr": tune.loguniform(1e-3, 2e-1),
+    }
+
+
+def start_child_run(config: dict[str, Any], params: dict[str, Any]):
+    """``(MlflowClient, run_id)`` of a new child run of ``config["parent_run_id"]``; ``(None, None)`` when off."""
+    from mlflow.tracking import MlflowClient
+
+    if not (config.get("tracking_uri") and config.get("parent_run_id")):
+        return None, None
+    client = MlflowClient(config["tracking_uri"])
+    name = tune.get_context().get_trial_name()
+    run = client.create_run(tracking.experiment_id(client, config["experiment"]), run_name=name,
+                            tags={"mlflow.parentRunId": config["parent_run_id"], "trial": name})
+    client.log_batch(run.info.run_id, params=tracking.as_params(params))
+    return client, run.info.run_id
+
+
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The tuned values of a trial's config."""
+    return {k: config[k] for k in ("rate", "hidden", "activation", "lr")}
+
+
+def build_trial_model(config: dict[str, Any]) -> nn.Module:
+    """The MLP of notebook 04 with one hidden layer of ``hidden`` units and dropout ``rate``."""
+    return MNISTModel(784, [int(config["hidden"])], 10, dropout=float(config["rate"]),
+                      activation=config["activation"])
+
+
+def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """One trial: train on the training split, report validation accuracy and a checkpoint every epoch."""
+    torch.set_num_threads(1)
+    torch.manual_seed(int(config.get("seed", 0)))
+    net = build_trial_model(config)
+    optimizer = torch.optim.SGD(net.parameters(), lr=float(config["lr"]), momentum=0.9)
+    loss_fn = nn.NLLLoss()
+    x, y = torch.as_tensor(arrays["x_train"]), torch.as_tensor(arrays["y_train"], dtype=torch.int64)
+    generator = torch.Generator().manual_seed(int(config.get("seed", 0)))
+    batch_size = int(config.get("batch_size", 64))
+    client, run_id = start_child_run(config, model_config(config))
+    try:
+        for epoch in range(int(config["epochs"])):
+            net.train()
+            order = torch.randperm(len(x), generator=generator)
+            total = 0.0
+            for i in range(0, len(x), batch_size):
+                idx = order[i:i + batch_size]
+                optimizer.zero_grad()
+                loss = loss_fn(net(x[idx]), y[idx])
+                loss.backward()
+                optimizer.step()
+                total += float(loss) * len(idx)
+            metrics = {METRIC: accuracy(predict(net, arrays["x_val"]), arrays["y_val"]), "train_loss": total / len(x)}
+            if client:
+                client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=epoch))
+            with tempfile.TemporaryDirectory() as folder:
+                torch.save({"model": net.state_dict(), "config": model_config(config)}, Path(folder) / CHECKPOINT_FILE)
+                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
+    finally:
+        if client:
+            client.set_terminated(run_id)
+
+
+def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
+    """One trial that is itself a Ray Train run (notebook 04's worker loop with validation)."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    client, run_id = start_child_run(config, model_config(config))
+    params = {"epochs": int(config["epochs"]), "lr": float(config["lr"]), "momentum": 0.9, "optimizer": "sgd",
+              "model": "mlp", "hidden_sizes": [int(config["hidden"])], "dropout": float(config["rate"]),
+              "activation": config["activation"], "batch_size_per_worker": 64, "seed": int(config.get("seed", 0))}
+    trainer = TorchTrainer(
+        train_func_per_worker,
+        train_loop_config={**params, "validate": True, "torch_threads": 1,
+                           "tracking_uri": config.get("tracking_uri"), "run_id": run_id},
+        scaling_config=ray.train.ScalingConfig(num_workers=int(config["num_workers"]),
+                                               resources_per_worker={"CPU": float(config["cpus_per_worker"])}),
+        run_config=ray.train.RunConfig(
+            name=tune.get_context().get_trial_name(), storage_path=config["storage_path"],
+            storage_filesystem=s3_filesystem(), callbacks=[TuneReportCallback()],
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1)),
+        datasets=datasets,
+    )
+    try:
+        trainer.fit()
+    finally:
+        if client:
+            client.set_terminated(run_id)
+
+
+def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurrent_trials: int,
+                   cluster_cpus: float, storage_path: str) -> tuple[Any, dict[str, Any]]:
+    """The trainable with its data and resources, and what it adds to the param space.
+
+    ``num_workers=0``: :func:`objective`, one CPU (or a share) per trial.
+    ``num_workers=N``: :func:`distributed_trial`; the trial itself only waits, its workers share what
+    one CPU of the cluster leaves for Ray Data and the controllers.
+    """
+    import ray.data
+
+    if num_workers < 0:
+        raise ParameterError(f"num_workers must be 0 (one process per trial) or more, not {num_workers}.")
+    if num_workers == 0:
+        cpus = max(0.5, min(1.0, cluster_cpus / max_concurrent_trials))
+        return tune.with_resources(tune.with_parameters(objective, arrays=arrays), {"cpu": cpus}), {}
+    per_worker = worker_resources(num_workers * max_concurrent_trials, False, cluster_cpus)
+    datasets = {name: ray.data.from_items([{"X": x, "y": int(label)} for x, label in
+                                           zip(arrays[f"x_{part}"], arrays[f"y_{part}"], strict=True)]).materialize()
+                for name, part in (("train", "train"), ("validation", "val"))}
+    trainable = tune.with_resources(tune.with_parameters(distributed_trial, datasets=datasets), {"cpu": 0.01})
+    return trainable, {"num_workers": num_workers, "cpus_per_worker": per_worker["CPU"], "storage_path": storage_path}
+
+
+def make_searcher(name: str, points_to_evaluate: list[dict] | None, seed: int):
+    """``"hyperopt"`` (HyperOptSearch) or ``"optuna"`` (OptunaSearch), seeded, starting from known points."""
+    if name == "hyperopt":
+        from ray.tune.search.hyperopt import HyperOptSearch
+
+        return HyperOptSearch(metric=METRIC, mode=MODE, points_to_evaluate=points_to_evaluate, random_state_seed=seed)
+    if name == "optuna":
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        return OptunaSearch(metric=METRIC, mode=MODE, points_to_evaluate=points_to_evaluate, seed=seed)
+    raise ParameterError(f"searcher must be 'hyperopt' or 'optuna', not {name!r}.")
+
+
+def make_scheduler(name: str | None, epochs: int, grace_period: int = 1, reduction_factor: int = 2):
+    """``"asha"`` (stop the worse trials at each rung) or None (every trial runs all epochs)."""
+    if name in (None, "", "none"):
+        return None
+    if name == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+
+        return ASHAScheduler(metric=METRIC, mode=MODE, max_t=epochs, grace_period=grace_period,
+                             reduction_factor=reduction_factor)
+    raise ParameterError(f"scheduler must be 'asha' or None, not {name!r}.")
+
+
+def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) -> list[int]:
+    """The epochs at which ASHA compares trials: ``grace_period * reduction_factor**k`` below ``epochs``."""
+    rungs, rung = [], grace_period
+    while rung < epochs:
+        rungs.append(rung)
+        rung *= reduction_factor
+    return rungs
+
+
+def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, num_samples: int,
+               max_concurrent_trials: int, name: str, storage_path: str, settings: Settings | None = None):
+    """A ``tune.Tuner`` over ``param_space`` with results and checkpoints in the object store (notebook 05)."""
+    if num_samples < 1 or max_concurrent_trials < 1:
+        raise ParameterError("num_samples and max_concurrent_trials must be at least 1.")
+    return tune.Tuner(
+        trainable,
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
+            max_concurrent_trials=max_concurrent_trials,
+            reuse_actors=True,  # a trial reuses a finished trial's process
+        ),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage_path, storage_filesystem=s3_filesystem(settings or load_settings()),
+            stop={METRIC: 0.99}, verbose=0,
+            progress_reporter=tune.CLIReporter(),  # plain text (Jupyter's default is an HTML table)
+        ),
+    )
+
+
+def best_checkpoint(result):
+    """The best checkpoint of a trial: Tune's own, or the Ray Train checkpoint path it reported."""
+    import ray.train
+
+    if result.best_checkpoints:
+        return result.get_best_checkpoint(metric=METRIC, mode=MODE)
+    from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
+
+    frame = result.metrics_dataframe
+    path = frame.loc[frame[METRIC].idxmax(), CHECKPOINT_PATH_KEY]
+    return ray.train.Checkpoint(path, filesystem=s3_filesystem())
+
+
+def load_trial_model(checkpoint) -> nn.Module:
+    """The model saved in a trial's checkpoint (a Tune trial's or a Ray Train run's)."""
+    with checkpoint.as_directory() as folder:
+        if not (Path(folder) / CHECKPOINT_FILE).is_file():
+            return load_checkpoint(checkpoint)[0]
+        state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+    net = build_trial_model(state["config"])
+    net.load_state_dict(state["model"])
+    return net.eval()
+
+
+def child_runs(uri: str, parent_run_id: str) -> list[Any]:
+    """The MLflow runs whose parent is ``parent_run_id`` (one per trial)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    parent = client.get_run(parent_run_id)
+    return client.search_runs([parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'")

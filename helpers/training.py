@@ -1,0 +1,323 @@
+"""Generated from notebooks/04_distributed_training.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 04 · Distributed training with Ray Train, tracked in MLflow.
+"""
+import json
+import math
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray.train
+import torch
+from ray.train.torch import TorchTrainer, prepare_model
+from torch import nn
+
+from helpers.config import ParameterError, Settings, load_settings
+from helpers.storage import s3_filesystem
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
+
+
+class MNISTModel(nn.Module):
+    """The original article's multilayer perceptron: 784 -> hidden layers -> 10 log-probabilities."""
+
+    def __init__(self, input_size: int = 784, hidden_sizes: Sequence[int] = (128, 64), output_size: int = 10,
+                 dropout: float = 0.0, activation: str = "relu") -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ParameterError(f"activation must be one of {sorted(ACTIVATIONS)}, not {activation!r}.")
+        if not 0.0 <= dropout < 1.0:
+            raise ParameterError(f"dropout must be in [0, 1), not {dropout}.")
+        layers: list[nn.Module] = [nn.Flatten()]
+        width = input_size
+        for hidden in hidden_sizes:
+            layers += [nn.Linear(width, int(hidden)), ACTIVATIONS[activation]()]
+            if dropout:
+                layers.append(nn.Dropout(dropout))
+            width = int(hidden)
+        layers += [nn.Linear(width, output_size), nn.LogSoftmax(dim=1)]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``[batch, 10]`` for images ``[batch, 1, 28, 28]``."""
+        return self.net(x)
+
+
+class MNISTConvNet(nn.Module):
+    """A small CNN (two conv blocks), about 99% test accuracy on full MNIST."""
+
+    def __init__(self, channels: Sequence[int] = (16, 32), hidden: int = 64, dropout: float = 0.0) -> None:
+        super().__init__()
+        c1, c2 = channels
+        self.net = nn.Sequential(
+            nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(c2 * 7 * 7, hidden), nn.ReLU(), nn.Dropout(dropout),
+            nn.Linear(hidden, 10), nn.LogSoftmax(dim=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Log-probabilities ``[batch, 10]`` for images ``[batch, 1, 28, 28]``."""
+        return self.net(x.reshape(-1, 1, 28, 28))
+
+
+def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dropout: float = 0.0,
+                activation: str = "relu") -> nn.Module:
+    """A fresh model by name: ``"mlp"`` (:class:`MNISTModel`) or ``"cnn"`` (:class:`MNISTConvNet`)."""
+    if model == "mlp":
+        return MNISTModel(784, hidden_sizes, 10, dropout=dropout, activation=activation)
+    if model == "cnn":
+        return MNISTConvNet(dropout=dropout)
+    raise ParameterError(f"model must be 'mlp' or 'cnn', not {model!r}.")
+
+
+@torch.no_grad()
+def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
+    """Predicted class of every image, in vectorised batches (no per-image loop)."""
+    model.eval()
+    x = torch.as_tensor(np.asarray(images, dtype=np.float32))
+    out = [model(x[i:i + batch_size]).argmax(dim=1) for i in range(0, len(x), batch_size)]
+    return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of predictions equal to the labels."""
+    labels = np.asarray(labels)
+    return float((np.asarray(predictions) == labels).mean()) if len(labels) else 0.0
+
+
+def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int = 10) -> np.ndarray:
+    """``[true, predicted]`` counts."""
+    matrix = np.zeros((classes, classes), dtype=np.int64)
+    np.add.at(matrix, (np.asarray(labels, dtype=np.int64), np.asarray(predictions, dtype=np.int64)), 1)
+    return matrix
+
+
+CHECKPOINT_FILE = "checkpoint.pt"  # one name for saving and loading (the original article used two)
+DEFAULT_PARAMS: dict[str, Any] = {
+    "epochs": 3, "lr": 0.05, "momentum": 0.9, "optimizer": "sgd", "model": "mlp",
+    "hidden_sizes": [128, 64], "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0,
+}
+MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by ``fail_at_epoch``, to show that training resumes from the last checkpoint."""
+
+
+def make_optimizer(name: str, parameters, lr: float, momentum: float) -> torch.optim.Optimizer:
+    """``"sgd"`` (with momentum, as the original article) or ``"adam"``."""
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+    if name == "adam":
+        return torch.optim.Adam(parameters, lr=lr)
+    raise ParameterError(f"optimizer must be 'sgd' or 'adam', not {name!r}.")
+
+
+def model_from_params(params: dict[str, Any]) -> nn.Module:
+    """A fresh model built from the training parameters."""
+    return build_model(params.get("model", "mlp"), params.get("hidden_sizes", (128, 64)),
+                       params.get("dropout", 0.0), params.get("activation", "relu"))
+
+
+def load_checkpoint(checkpoint) -> tuple[nn.Module, dict[str, Any]]:
+    """The model, ready for inference, and the saved state (epoch, params, history) of a Ray Train checkpoint."""
+    with checkpoint.as_directory() as folder:
+        state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+    net = model_from_params(state["params"])
+    net.load_state_dict(state["model"])
+    return net.eval(), state
+
+
+def worker_mlflow_client(config: dict[str, Any], rank: int):
+    """An ``MlflowClient`` for rank 0 when the config names a run and the server answers, else None."""
+    from mlflow.tracking import MlflowClient
+
+    from helpers.tracking import tracking_available
+
+    if rank != 0 or not config.get("run_id"):
+        return None
+    ok, reason = tracking_available(config.get("tracking_uri", ""))  # a quick check, not MLflow's long retries
+    if not ok:
+        print(f"MLflow tracking is off for this worker: {reason}")
+        return None
+    return MlflowClient(config["tracking_uri"])
+
+
+def log_epoch(mlflow_client, run_id: str, metrics: dict[str, float], step: int) -> bool:
+    """Log one epoch's metrics into run ``run_id``; False (with one printed line) when tracking failed."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    try:
+        mlflow_client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        return True
+    except Exception as err:  # noqa: BLE001 - tracking must never stop training
+        print(f"MLflow tracking is off for this worker: {type(err).__name__}: {str(err)[:200]}")
+        return False
+
+
+def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0, timeout: float = 3.0) -> None:
+    """Log one metric with MLflow's REST API, as the original article did (no MLflow package needed).
+
+    Raises:
+        RuntimeError: the server refused the metric (its answer is included).
+    """
+    body = json.dumps({"run_id": run_id, "key": key, "value": float(value), "step": int(step),
+                       "timestamp": int(time.time() * 1000)}).encode()
+    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/runs/log-metric", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return
+    except urllib.error.HTTPError as err:
+        raise RuntimeError(f"MLflow refused the metric {key!r}: HTTP {err.code} {err.read()[:200]!r}") from None
+
+
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """Sum ``values`` over all workers (a no-op with one worker or outside Ray Train)."""
+    tensor = torch.tensor(values, dtype=torch.float64)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.all_reduce(tensor)
+    return tensor.tolist()
+
+
+@torch.no_grad()
+def validate(net: nn.Module, shard) -> float:
+    """Accuracy on this worker's validation shard, all-reduced over the workers."""
+    net.eval()
+    correct = count = 0.0
+    for batch in shard.iter_torch_batches(batch_size=1000, dtypes={"X": torch.float32, "y": torch.int64}):
+        correct += float((net(batch["X"]).argmax(dim=1) == batch["y"]).sum())
+        count += len(batch["y"])
+    correct, count = all_reduce_sum([correct, count])
+    return correct / max(count, 1)
+
+
+def maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
+    """Raise once in epoch ``fail_at_epoch`` on rank ``fail_rank``; a marker file makes it happen only once."""
+    marker = config.get("fail_marker")
+    if marker and epoch == config.get("fail_at_epoch") and rank == config.get("fail_rank", 0) \
+            and not os.path.exists(marker):
+        Path(marker).write_text(f"failed at epoch {epoch} on rank {rank}\n")
+        raise InjectedFault(f"injected failure in epoch {epoch} on rank {rank}")
+
+
+def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list]:
+    """Load the last checkpoint into the model and optimizer; returns the next epoch and the history so far.
+
+    Epochs that were checkpointed but never reached MLflow are logged now, once.
+    """
+    with checkpoint.as_directory() as folder:
+        state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+    module.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if mlflow_client:
+        logged = {m.step for m in mlflow_client.get_metric_history(run_id, "train_loss")}
+        for past in state["history"]:
+            if past["epoch"] not in logged:
+                log_epoch(mlflow_client, run_id, {k: past[k] for k in ("train_loss", "train_accuracy")},
+                          past["epoch"])
+    return state["epoch"] + 1, state["history"]
+
+
+def train_func_per_worker(config: dict[str, Any]) -> None:
+    """The per-worker training loop Ray Train runs on every worker (notebook 04)."""
+    torch.set_num_threads(int(config.get("torch_threads", 1)))
+    torch.manual_seed(int(config.get("seed", 0)))
+    rank = ray.train.get_context().get_world_rank()
+    net = prepare_model(model_from_params(config))
+    module = net.module if hasattr(net, "module") else net  # the model inside the parallel wrapper
+    optimizer = make_optimizer(config["optimizer"], net.parameters(), config["lr"], config["momentum"])
+    loss_fn = nn.NLLLoss(reduction="sum")
+    run_id, mlflow_client = config.get("run_id"), worker_mlflow_client(config, rank)
+
+    # After a failure Ray Train restarts the workers, and get_checkpoint() returns the last checkpoint.
+    start_epoch, history = 0, []
+    if ray.train.get_checkpoint():
+        start_epoch, history = resume(ray.train.get_checkpoint(), module, optimizer, mlflow_client, run_id)
+
+    shard = ray.train.get_dataset_shard("train")
+    validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
+    for epoch in range(start_epoch, config["epochs"]):
+        maybe_fail(config, epoch, rank)
+        net.train()
+        loss_sum = correct = count = data_s = 0.0
+        started = waited = time.perf_counter()
+        for batch in shard.iter_torch_batches(batch_size=config["batch_size_per_worker"],
+                                              dtypes={"X": torch.float32, "y": torch.int64},
+                                              local_shuffle_buffer_size=config.get("shuffle_buffer", 2000),
+                                              local_shuffle_seed=int(config.get("seed", 0)) + epoch):
+            data_s += time.perf_counter() - waited
+            optimizer.zero_grad()
+            output = net(batch["X"])
+            loss = loss_fn(output, batch["y"])
+            (loss / len(batch["y"])).backward()
+            optimizer.step()
+            loss_sum += float(loss.detach())
+            correct += float((output.argmax(dim=1) == batch["y"]).sum())
+            count += len(batch["y"])
+            waited = time.perf_counter()
+        loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count])  # sums over all workers
+        metrics = {"train_loss": loss_sum / max(count, 1), "train_accuracy": correct / max(count, 1),
+                   "epoch_seconds": time.perf_counter() - started, "data_seconds": data_s, "samples": count}
+        if validation is not None:  # "mean_accuracy" is what the sweeps of notebook 05 optimise
+            metrics["val_accuracy"] = metrics["mean_accuracy"] = validate(net, validation)
+        history.append({"epoch": epoch, **metrics})
+
+        with tempfile.TemporaryDirectory() as folder:  # a fresh folder per report, never a shared one
+            checkpoint = None
+            if rank == 0:
+                torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
+                            "history": history, "params": {k: config[k] for k in MODEL_KEYS if k in config}},
+                           Path(folder) / CHECKPOINT_FILE)
+                checkpoint = ray.train.Checkpoint.from_directory(folder)
+            ray.train.report({**metrics, "epoch": epoch}, checkpoint=checkpoint)
+        if mlflow_client:  # after the checkpoint is stored, so a resume never logs an epoch twice
+            tracked = {k: metrics[k] for k in ("train_loss", "train_accuracy", "val_accuracy") if k in metrics}
+            if not log_epoch(mlflow_client, run_id, tracked, epoch):
+                mlflow_client = None
+
+
+def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> dict[str, float]:
+    """CPUs per training worker that leave one CPU for Ray Data and the Train controller."""
+    if use_gpu:
+        return {"CPU": 1.0, "GPU": 1.0}
+    spare = max(cluster_cpus - 1.0, 0.5)
+    return {"CPU": min(1.0, math.floor(spare / num_workers * 100) / 100)}
+
+
+def unique_run_name(prefix: str = "train") -> str:
+    """A run name no earlier run has used: reusing one makes Ray Train resume that run."""
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: int, run_name: str,
+                 storage_path: str, use_gpu: bool = False, max_failures: int = 2, cluster_cpus: float = 2.0,
+                 settings: Settings | None = None) -> TorchTrainer:
+    """A ``TorchTrainer`` for :func:`train_func_per_worker`, checkpointing into the object store (notebook 04)."""
+    resources = worker_resources(num_workers, use_gpu, cluster_cpus)
+    return TorchTrainer(
+        train_func_per_worker,
+        train_loop_config={"torch_threads": max(1, int(resources["CPU"])), **config},
+        datasets=datasets,
+        # Scaling config
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                               resources_per_worker=resources),
+        # Where checkpoints go, how many to keep, how many failures to survive
+        run_config=ray.train.RunConfig(
+            name=run_name,
+            storage_path=storage_path,  # "<bucket>/<prefix>" in the object store
+            storage_filesystem=s3_filesystem(settings or load_settings()),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+        ),
+    )

@@ -1,0 +1,202 @@
+"""Generated from notebooks/01_upload_mnist.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 01 · Upload MNIST to an object store.
+"""
+import gzip
+import io
+import json
+import time
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+import numpy as np
+from minio import Minio
+from minio.error import S3Error
+from PIL import Image
+from tqdm.auto import tqdm
+
+from helpers.config import ParameterError
+from helpers.mnist import load_mnist
+from helpers.storage import StorageError, ensure_bucket, get_client, object_store_errors, smoke_sizes, translate_error
+
+
+def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
+    """Encode one ``uint8 [28, 28]`` digit as PNG (lossless) or JPEG (like the original article)."""
+    buffer = io.BytesIO()
+    if image_format == "png":
+        Image.fromarray(image).save(buffer, format="PNG")
+    elif image_format in {"jpeg", "jpg"}:
+        Image.fromarray(image).save(buffer, format="JPEG", quality=95)
+    else:
+        raise ParameterError(f"image_format must be 'png' or 'jpeg', not {image_format!r}.")
+    return buffer.getvalue()
+
+
+def object_key(split: str, label: int, object_id: str, image_format: str = "png") -> str:
+    """The key of one image: ``train/5/00000.png`` (split, label, id)."""
+    return f"{split}/{int(label)}/{object_id}.{image_format}"
+
+
+SPLITS = ("train", "test")
+MANIFEST_KEY = "_manifest/objects.txt.gz"
+APPEND_MARKER_KEY = "_manifest/append-in-progress.json"
+_APPEND_NAMESPACE = uuid.UUID("6f1d1c1e-2b7a-4f0e-9d1e-3c5a7b9e0f42")
+
+
+def plan_keys(smoke_test_size: int = 0, image_format: str = "png",
+              append_round: str | None = None) -> list[tuple[str, str, int]]:
+    """The objects an upload should create: ``(key, split, index into the MNIST array)``."""
+    data = load_mnist()
+    out = []
+    for split, count in zip(SPLITS, smoke_sizes(smoke_test_size), strict=True):
+        labels = data.split(split)[1]
+        for index in range(count):
+            if append_round is None:
+                object_id = f"{index:05d}"
+            else:
+                object_id = str(uuid.uuid5(_APPEND_NAMESPACE, f"{append_round}/{split}/{index}"))
+            out.append((object_key(split, labels[index], object_id, image_format), split, index))
+    return out
+
+
+def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]], image_format: str = "png",
+                   max_workers: int = 16, progress: bool = True) -> None:
+    """PUT every ``(key, split, index)`` of ``items`` with a thread pool (notebook 01).
+
+    Raises:
+        StorageError: an upload failed; the message says how many finished and to run the call again.
+    """
+    data = load_mnist()
+
+    def put(item: tuple[str, str, int]) -> None:
+        key, split, index = item
+        body = encode_image(data.split(split)[0][index], image_format)
+        client.put_object(bucket, key, io.BytesIO(body), len(body), content_type=f"image/{image_format}")
+
+    done = 0
+    bar = tqdm(total=len(items), desc=f"upload to {bucket}", unit="obj", disable=not progress)
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        pending = {pool.submit(put, item) for item in items}
+        try:
+            while pending:
+                finished, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
+                for future in finished:
+                    future.result()
+                    done += 1
+                bar.update(len(finished))
+        except Exception as err:
+            for future in pending:
+                future.cancel()
+            clear = translate_error(err, client, bucket)
+            raise StorageError(
+                f"Upload interrupted after {done:,} of {len(items):,} objects: {clear} "
+                "Nothing is lost: run the same call again to upload only the missing objects."
+            ) from None
+        finally:
+            bar.close()
+
+
+def existing_keys(client: Minio, bucket: str) -> set[str]:
+    """Every data key already in the bucket (one recursive listing per split)."""
+    with object_store_errors(client, bucket):
+        return {obj.object_name for split in SPLITS
+                for obj in client.list_objects(bucket, prefix=f"{split}/", recursive=True)}
+
+
+@dataclass(frozen=True)
+class UploadReport:
+    """What :func:`upload_mnist` did: objects planned, uploaded, already present, and how long it took."""
+
+    bucket: str
+    planned: int
+    uploaded: int
+    skipped: int
+    seconds: float
+    mode: str
+
+    @property
+    def objects_per_second(self) -> float:
+        """Upload throughput (uploaded objects / wall seconds)."""
+        return self.uploaded / self.seconds if self.seconds else 0.0
+
+    def __str__(self) -> str:
+        if self.uploaded == 0:
+            return (f"Nothing to upload: all {self.planned:,} objects are already in bucket "
+                    f"'{self.bucket}' ({self.mode} mode).")
+        return (f"Uploaded {self.uploaded:,} objects to '{self.bucket}' in {self.seconds:.1f} s "
+                f"({self.objects_per_second:,.0f} objects/s); {self.skipped:,} were already there.")
+
+
+def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
+    """Write every data key of the bucket into one gzipped object; returns the number of keys."""
+    keys = [k for k in keys if k.startswith(("train/", "test/"))]
+    body = gzip.compress("\n".join(keys).encode(), compresslevel=6)
+    with object_store_errors(client, bucket):
+        client.put_object(bucket, MANIFEST_KEY, io.BytesIO(body), len(body), content_type="application/gzip")
+    return len(keys)
+
+
+def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
+                           image_format: str) -> tuple[str, int, str]:
+    """Begin a new append round, or pick up the one an interrupted call left behind."""
+    with object_store_errors(client, bucket):
+        try:
+            response = client.get_object(bucket, APPEND_MARKER_KEY)
+            try:
+                marker = json.loads(response.read())
+            finally:
+                response.close()
+                response.release_conn()
+            print(f"Resuming the unfinished append round {marker['round'][:8]} "
+                  f"(smoke_test_size={marker['smoke_test_size']}, {marker['image_format']}).")
+            return marker["round"], marker["smoke_test_size"], marker["image_format"]
+        except S3Error as err:
+            if err.code != "NoSuchKey":
+                raise
+        marker = {"round": uuid.uuid4().hex, "smoke_test_size": int(smoke_test_size), "image_format": image_format}
+        body = json.dumps(marker).encode()
+        client.put_object(bucket, APPEND_MARKER_KEY, io.BytesIO(body), len(body), content_type="application/json")
+    return marker["round"], marker["smoke_test_size"], marker["image_format"]
+
+
+def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png", append: bool = False,
+                 max_workers: int = 16, client: Minio | None = None, progress: bool = True) -> UploadReport:
+    """Upload MNIST, one image per object, in parallel; idempotent and resumable (notebook 01).
+
+    Args:
+        bucket: target bucket (created if missing).
+        smoke_test_size: number of training images (0 = all 60,000); the test split gets a sixth.
+        image_format: ``"png"`` (lossless, default) or ``"jpeg"`` (the original article's choice).
+        append: add a new set of objects with fresh UUIDs instead of completing the canonical one.
+        max_workers: parallel uploads (threads sharing one connection pool).
+        client: a MinIO client; :func:`helpers.storage.get_client` by default.
+        progress: show a progress bar.
+
+    Raises:
+        ParameterError: bad smoke size or image format.
+        StorageError: store unreachable, wrong credentials, or the upload was interrupted.
+    """
+    image_format = "jpeg" if image_format == "jpg" else image_format
+    encode_image(np.zeros((28, 28), np.uint8), image_format)  # validates the format up front
+    smoke_sizes(smoke_test_size)
+    client = client or get_client(max_connections=max_workers)
+    ensure_bucket(client, bucket)  # also the connection and credentials check
+    append_round = None
+    if append:
+        append_round, smoke_test_size, image_format = start_or_resume_append(
+            client, bucket, smoke_test_size, image_format)
+    plan = plan_keys(smoke_test_size, image_format, append_round)
+    existing = existing_keys(client, bucket)
+    missing = [item for item in plan if item[0] not in existing]
+    started = time.perf_counter()
+    if missing:
+        upload_objects(client, bucket, missing, image_format, max_workers, progress)
+    seconds = time.perf_counter() - started
+    write_manifest(client, bucket, sorted(existing | {key for key, _, _ in plan}))
+    if append:
+        with object_store_errors(client, bucket):
+            client.remove_object(bucket, APPEND_MARKER_KEY)
+    return UploadReport(bucket, len(plan), len(missing), len(plan) - len(missing), seconds,
+                        "append" if append else "idempotent")

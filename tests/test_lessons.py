@@ -1,0 +1,136 @@
+"""The lessons live in the notebooks: each shows the calls it teaches; helpers' lesson modules are exported from it."""
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import export, runner
+from helpers.config import project_root
+
+# What each notebook's code cells must show, by name: calls as "name(", keyword arguments as "name(kw=",
+# definitions as "def name". A later change cannot hide them behind a helper again.
+LESSONS = {
+    "01": ["Minio(", "bucket_exists(", "make_bucket(", "put_object(", "ThreadPoolExecutor(", "tqdm(",
+           "list_objects(recursive=", "stat_object("],
+    "02": ["list_objects(recursive=", "split(", "def split_train_test", "get_object(", "perf_counter(",
+           "ThreadPoolExecutor("],
+    "03": ["from_items(", "def preprocess_batch", "map_batches(fn_kwargs=", "class ObjectPreprocessor",
+           "map_batches(concurrency=", "materialize(", "iter_torch_batches(", "read_images(filesystem=",
+           "write_parquet(", "read_parquet(", "remote("],
+    "04": ["def train_func_per_worker", "get_dataset_shard(", "iter_torch_batches(", "prepare_model(",
+           "all_reduce(", "report(checkpoint=", "from_directory(", "log_batch(", "get_checkpoint(",
+           "TorchTrainer(", "ScalingConfig(", "RunConfig(storage_path=", "RunConfig(storage_filesystem=",
+           "CheckpointConfig(", "FailureConfig(", "fit(", "create_run(", "set_terminated(", "log_artifact("],
+    "05": ["def objective", "with_parameters(", "HyperOptSearch(points_to_evaluate=", "ASHAScheduler(",
+           "TuneConfig(", "Tuner(", "fit(", "get_best_result(", "report(checkpoint=", "create_run(tags=",
+           "TorchTrainer("],
+    "06": ["repository(", "create(", "import_data(", "create(source_reference=", "upload(", "commit(metadata=",
+           "diff(", "merge_into(", "tag(", "ref(", "reader(", "remote("],
+}
+
+
+def notebook_code(notebook) -> str:
+    cells = json.loads(notebook.read_text())["cells"]
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def shown(code: str) -> set[str]:
+    """Calls, keyword arguments and definitions in the code, in the shapes LESSONS uses."""
+    found = set()
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call):
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            found.add(f"{func}(")
+            found.update(f"{func}({kw.arg}=" for kw in node.keywords if kw.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            found.add(f"{'class' if isinstance(node, ast.ClassDef) else 'def'} {node.name}")
+    return found
+
+
+@pytest.mark.parametrize("number", sorted(LESSONS))
+def test_each_notebook_shows_the_calls_of_its_lesson(number):
+    (notebook,) = runner.notebook_paths(pattern=f"{number}_*.ipynb")
+    missing = [name for name in LESSONS[number] if name not in shown(notebook_code(notebook))]
+    assert not missing, f"{notebook.name} no longer shows {missing}"
+
+
+def test_04_has_a_fail_at_epoch_parameter_and_05_a_num_workers_one():
+    for number, name in (("04", "fail_at_epoch"), ("05", "num_workers")):
+        (notebook,) = runner.notebook_paths(pattern=f"{number}_*.ipynb")
+        cells = json.loads(notebook.read_text())["cells"]
+        parameters = next(c for c in cells if "parameters" in c["metadata"].get("tags", []))
+        assert f"{name} = " in "".join(parameters["source"]), notebook.name
+
+
+def test_generated_modules_equal_their_notebooks():
+    assert export.stale_modules() == [], "run `python -m helpers.export`"
+    for notebook, module in export.EXPORTS.items():
+        first = (project_root() / "helpers" / f"{module}.py").read_text().splitlines()[0]
+        assert "Generated from notebooks/" + notebook in first and "python -m helpers.export" in first
+
+
+@pytest.fixture
+def copy_of_project(tmp_path):
+    root = project_root()
+    for folder in ("helpers", "notebooks"):
+        shutil.copytree(root / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "pyproject.toml").write_text((root / "pyproject.toml").read_text())
+    return tmp_path
+
+
+def edit_saved_cell(root, notebook_name, old, new):
+    path = root / "notebooks" / notebook_name
+    nb = json.loads(path.read_text())
+    cell = next(c for c in nb["cells"] if "".join(c["source"]).startswith(export.MARK) and old in "".join(c["source"]))
+    cell["source"] = "".join(cell["source"]).replace(old, new)
+    path.write_text(json.dumps(nb))
+
+
+def test_editing_a_saved_cell_without_exporting_is_caught_and_export_fixes_it(copy_of_project):
+    name = "04_distributed_training.ipynb"
+    edit_saved_cell(copy_of_project, name, 'CHECKPOINT_FILE = "checkpoint.pt"', 'CHECKPOINT_FILE = "model.ckpt"')
+    assert export.stale_modules(copy_of_project) == ["helpers/training.py"]
+    assert export.write_modules(copy_of_project) == ["helpers/training.py"]
+    assert 'CHECKPOINT_FILE = "model.ckpt"' in (copy_of_project / "helpers" / "training.py").read_text()
+    assert export.stale_modules(copy_of_project) == []
+
+
+def test_a_saved_cell_that_would_run_code_on_import_is_refused(copy_of_project):
+    edit_saved_cell(copy_of_project, "02_list_and_split.ipynb", "def get_object_list",
+                    "print('hi')\n\n\ndef get_object_list")
+    with pytest.raises(export.ExportError, match="02_list_and_split.ipynb cell .* may only define things"):
+        export.stale_modules(copy_of_project)
+
+
+def test_export_command_checks_and_writes(copy_of_project, monkeypatch, capsys):
+    monkeypatch.chdir(copy_of_project)
+    assert export.main(["--check"]) == 0
+    edit_saved_cell(copy_of_project, "01_upload_mnist.ipynb", '"_manifest/objects.txt.gz"', '"_manifest/keys.txt.gz"')
+    assert export.main(["--check"]) == 1 and "helpers/upload.py differs" in capsys.readouterr().out
+    assert export.main([]) == 0 and export.main(["--check"]) == 0
+
+
+def hand_written_modules():
+    generated = {f"{m}.py" for m in export.EXPORTS.values()}
+    return [p for p in sorted((project_root() / "helpers").glob("*.py")) if p.name not in generated]
+
+
+def test_helpers_stay_thin_plumbing():
+    lines = sum(len(p.read_text().splitlines()) for p in hand_written_modules())
+    assert lines <= 1990, f"hand-written helpers hold {lines} lines"
+    for path in sorted((project_root() / "helpers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= 60, f"{path.name}: {node.name} is {length} lines"
+
+
+def test_helpers_pass_the_linter():
+    """Also catches a generated module that uses a name its notebook imported in another, unsaved cell."""
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "helpers"], cwd=project_root(),
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -1,0 +1,146 @@
+"""Ray Tune sweeps on the real local Ray, object store and MLflow, with notebook 05's exported code."""
+
+import contextlib
+import io
+from types import SimpleNamespace
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import uploaded_bucket
+from helpers import cluster, listing, sweeps, tracking, training
+
+SMOKE = 300
+BAD = {"rate": 0.45, "hidden": 32, "activation": "tanh", "lr": 0.001}  # learns slowly: ASHA stops it
+pytestmark = pytest.mark.slow
+
+
+def run_sweep(settings, bucket, arrays, num_samples, max_concurrent_trials, searcher="hyperopt", scheduler="asha",
+              epochs=4, points=(sweeps.KNOWN_GOOD,), num_workers=0, experiment="tests-tune"):
+    """Notebook 05's sweep: a parent run, the trainable, make_tuner, fit, the best trial restored and tested."""
+    resources = cluster.init_ray(settings)
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    name = training.unique_run_name("sweep")
+    parent = client.create_run(tracking.experiment_id(client, experiment), run_name=name).info.run_id
+    trainable, extra = sweeps.make_trainable(arrays, num_workers, max_concurrent_trials, resources["CPU"],
+                                             f"{bucket}/tune-results/{name}-train")
+    space = {**sweeps.search_space(), "epochs": epochs, "seed": 0, "experiment": experiment,
+             "tracking_uri": settings.mlflow_tracking_uri, "parent_run_id": parent, **extra}
+    tuner = sweeps.make_tuner(trainable, space, sweeps.make_searcher(searcher, list(points), 0),
+                              sweeps.make_scheduler(scheduler, epochs), num_samples, max_concurrent_trials, name,
+                              f"{bucket}/tune-results", settings)
+    with contextlib.redirect_stdout(io.StringIO()):
+        results = tuner.fit()
+    client.set_terminated(parent)
+    assert not results.errors, results.errors
+    best = results.get_best_result(metric=sweeps.METRIC, mode=sweeps.MODE, scope="all")
+    net = sweeps.load_trial_model(sweeps.best_checkpoint(best))
+    history = {r.metrics["trial_id"]: list(zip(r.metrics_dataframe["training_iteration"].astype(int),
+                                               r.metrics_dataframe[sweeps.METRIC], strict=True)) for r in results}
+    return SimpleNamespace(table=results.get_dataframe(), history=history, parent_run_id=parent,
+                           best_validation_accuracy=float(best.metrics_dataframe[sweeps.METRIC].max()),
+                           test_accuracy=training.accuracy(training.predict(net, arrays["x_test"]), arrays["y_test"]))
+
+
+@pytest.fixture(scope="module")
+def tune_bucket(client):
+    with uploaded_bucket(client, "tune", SMOKE) as name:
+        yield name
+
+
+@pytest.fixture(scope="module")
+def arrays(settings, tune_bucket):
+    cluster.init_ray(settings)
+    return sweeps.load_arrays(tune_bucket, SMOKE, settings)
+
+
+@pytest.fixture(scope="module")
+def sweep(settings, tune_bucket, arrays):
+    # One trial at a time: the known-good trial sets each ASHA rung before the bad one reaches it,
+    # so the early stop is deterministic (with two at once the faster bad trial could reach rungs first).
+    return run_sweep(settings, tune_bucket, arrays, num_samples=4, max_concurrent_trials=1,
+                     points=[sweeps.KNOWN_GOOD, BAD])
+
+
+def test_validation_split_is_held_out(arrays):
+    assert len(arrays["x_train"]) == 250 and len(arrays["x_val"]) == 50 and len(arrays["x_test"]) == 50
+
+
+def test_tiny_sweep_completes_with_every_trial(sweep):
+    assert len(sweep.table) == 4
+    assert sweep.table["mean_accuracy"].notna().all()
+
+
+def test_points_to_evaluate_come_first(sweep):
+    first, second = (sweep.table.iloc[i] for i in (0, 1))
+    assert {k: first[f"config/{k}"] for k in sweeps.KNOWN_GOOD} == sweeps.KNOWN_GOOD
+    assert {k: second[f"config/{k}"] for k in BAD} == BAD
+
+
+def test_asha_stops_the_bad_trial_early(sweep):
+    iterations = sweep.table.set_index("trial_id")["training_iteration"]
+    assert iterations.min() < 4, "at least one trial stopped before max_t"
+    bad_trial = sweep.table.iloc[1]["trial_id"]
+    assert iterations[bad_trial] < 4
+
+
+def test_asha_rungs_are_the_halving_points():
+    assert sweeps.asha_rungs(6) == [1, 2, 4] and sweeps.asha_rungs(4) == [1, 2] and sweeps.asha_rungs(1) == []
+    assert sweeps.asha_rungs(30, grace_period=3, reduction_factor=3) == [3, 9, 27]
+
+
+def test_table_holds_each_trials_last_result(sweep):
+    for _, row in sweep.table.iterrows():
+        steps, values = zip(*sweep.history[row["trial_id"]], strict=True)
+        assert row["training_iteration"] == steps[-1] and row["mean_accuracy"] == pytest.approx(values[-1])
+
+
+def test_best_result_is_the_max_over_the_trial_histories(sweep):
+    best_seen = max(value for points in sweep.history.values() for _, value in points)
+    assert sweep.best_validation_accuracy == pytest.approx(best_seen)
+    assert 0 < sweep.test_accuracy <= 1
+
+
+def test_parent_run_has_one_child_per_trial(sweep, settings):
+    children = sweeps.child_runs(settings.mlflow_tracking_uri, sweep.parent_run_id)
+    assert len(children) == 4
+    assert len({c.data.tags["trial"] for c in children}) == 4, "one child run per trial"
+    for child in children:
+        assert child.info.status == "FINISHED", "ended also when ASHA stopped the trial"
+        steps = [s for s, _ in tracking.metric_history(settings.mlflow_tracking_uri, child.info.run_id,
+                                                        "mean_accuracy")]
+        assert steps == list(range(len(steps))) and steps
+
+
+def test_results_are_stored_in_the_bucket(sweep, client, tune_bucket):
+    keys = listing.get_object_list(tune_bucket, client=client)
+    assert any(k.startswith("tune-results/") and k.endswith(sweeps.CHECKPOINT_FILE) for k in keys)
+
+
+def test_optuna_searcher_and_bad_parameters(settings, tune_bucket, arrays):
+    result = run_sweep(settings, tune_bucket, arrays, num_samples=2, max_concurrent_trials=2, searcher="optuna",
+                       scheduler=None, epochs=1)
+    assert len(result.table) == 2 and (result.table["training_iteration"] == 1).all()
+    first = result.table.iloc[0]
+    assert {k: first[f"config/{k}"] for k in sweeps.KNOWN_GOOD} == sweeps.KNOWN_GOOD
+    with pytest.raises(sweeps.ParameterError, match="searcher"):
+        sweeps.make_searcher("grid", None, 0)
+    with pytest.raises(sweeps.ParameterError, match="scheduler"):
+        sweeps.make_scheduler("pbt", 3)
+    with pytest.raises(sweeps.ParameterError, match="num_samples"):
+        sweeps.make_tuner(None, {}, None, None, 0, 1, "x", "b/p", settings)
+    with pytest.raises(sweeps.ParameterError, match="num_workers"):
+        sweeps.make_trainable(arrays, -1, 1, 2.0, "b/p")
+
+
+def test_distributed_trials_run_ray_train_inside_tune(settings, tune_bucket, arrays):
+    result = run_sweep(settings, tune_bucket, arrays, num_samples=1, max_concurrent_trials=1, scheduler=None,
+                       epochs=2, num_workers=2)
+    row = result.table.iloc[0]
+    assert row["training_iteration"] == 2 and {k: row[f"config/{k}"] for k in sweeps.KNOWN_GOOD} == sweeps.KNOWN_GOOD
+    assert row["samples"] == 250 and 0 < row["mean_accuracy"] <= 1  # both workers' shards, all-reduced
+    assert row["checkpoint_path"].startswith(f"{tune_bucket}/tune-results/")
+    assert 0 < result.test_accuracy <= 1
+    (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, result.parent_run_id)
+    steps = [s for s, _ in tracking.metric_history(settings.mlflow_tracking_uri, child.info.run_id, "val_accuracy")]
+    assert steps == [0, 1]
