@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lab stack-up stack-down stack-status notebooks bench lint compose-check clean-runs
+.PHONY: install run test lab stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ stack-status: $(STAMP)
 
 notebooks: $(STAMP)  ## refresh the committed notebooks' outputs (smoke size)
 	$(PY) -m helpers.runner --in-place
+
+export: $(STAMP)  ## regenerate helpers' lesson modules from the notebooks' #@save cells
+	$(PY) -m helpers.export
 
 bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout
 	$(PY) benchmarks/bench_upload_listing.py
