@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from helpers import stack, storage
+from helpers import listing, stack, storage, upload
 from helpers.config import load_settings
 
 
@@ -93,19 +93,19 @@ def test_interrupted_upload_resumes_without_duplicates(state):
 
     errors = []
 
-    def upload():
+    def run_upload():
         try:
-            storage.upload_mnist(bucket, smoke, client=client, progress=False)
+            upload.upload_mnist(bucket, smoke, client=client, progress=False)
         except storage.StorageError as err:
             errors.append(err)
 
-    worker = threading.Thread(target=upload)
+    worker = threading.Thread(target=run_upload)
     worker.start()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and worker.is_alive():
         time.sleep(0.2)
         try:
-            if len(storage.list_objects_parallel(bucket, client=client)) > 200:
+            if len(listing.list_objects_parallel(bucket, client=client)) > 200:
                 break
         except storage.StorageError:
             pass
@@ -114,13 +114,13 @@ def test_interrupted_upload_resumes_without_duplicates(state):
     assert errors and "run the same call again" in str(errors[0])
 
     stack.up(state, with_mlflow=False)
-    partial = len(storage.list_objects_parallel(bucket, client=client))
+    partial = len(listing.list_objects_parallel(bucket, client=client))
     assert 0 < partial < 7000
-    report = storage.upload_mnist(bucket, smoke, client=client, progress=False)
+    report = upload.upload_mnist(bucket, smoke, client=client, progress=False)
     assert report.skipped == partial and report.uploaded == 7000 - partial
-    keys = storage.list_objects_parallel(bucket, client=client)
+    keys = listing.list_objects_parallel(bucket, client=client)
     assert len(keys) == len(set(keys)) == 7000
-    assert sorted(storage.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
+    assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
 
 
 # A stand-in for the lakeFS binary: it reads the config file the stack wrote, checks what the stack promises
