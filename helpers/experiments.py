@@ -22,7 +22,7 @@ from helpers.config import ParameterError, Settings, load_settings
 from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
 from helpers.storage import ensure_bucket, get_client, object_store_errors
-from helpers.training import accuracy, make_optimizer, model_from_params
+from helpers.training import accuracy, log_dataset, log_torch_model, make_optimizer, model_from_params
 from helpers.versioning import LAKEFS_BUCKET, LakeFSError, connect, lakefs_errors, storage_namespace
 
 INGEST_BRANCH = "ingest"
@@ -232,9 +232,17 @@ class ExperimentResult:
     seconds: float
 
 
+def lakefs_source(repo_name: str, commit_id: str, prefix: str) -> str:
+    """The S3 URI of a prefix at a commit through lakeFS's S3 gateway: ``s3://<repository>/<commit>/<prefix>``."""
+    return f"s3://{repo_name}/{commit_id}/{prefix}"
+
+
 def train_experiment(settings: Settings, repo_name: str, branch: str, overrides: Mapping[str, Any],
-                     mlflow_experiment: str = MLFLOW_EXPERIMENT) -> ExperimentResult:
+                     mlflow_experiment: str = MLFLOW_EXPERIMENT, lineage: Mapping[str, str] | None = None,
+                     ) -> ExperimentResult:
     """Train one experiment on its branch and commit the model, config and metrics together (notebook 06)."""
+    import mlflow
+
     started = time.perf_counter()
     repo = lakefs.repository(repo_name, client=connect(settings))
     with lakefs_errors(f"reading branch {branch!r}"):
@@ -247,13 +255,20 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
     mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
     run_id = mlflow_client.create_run(
         tracking.experiment_id(mlflow_client, mlflow_experiment), run_name=branch,
-        tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": data_commit},
+        tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": data_commit,
+              **(lineage or {})},
     ).info.run_id
     mlflow_client.log_batch(run_id, params=tracking.as_params(params))
+    for split, images, context in (("train", y_train, "training"), ("test", y_test, "testing")):
+        log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, data_commit, f"{split}/"),
+                    len(images), context, tags={"lakefs.commit": data_commit})
     net, losses = fit(params, x_train, y_train, on_epoch=lambda epoch, loss: mlflow_client.log_metric(
         run_id, "train_loss", loss, step=epoch))
     metrics = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
     mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=params["epochs"]))
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        model_uri = log_torch_model(net, x_test[:5]).model_uri
 
     model = io.BytesIO()
     torch.save({"model_state": net.state_dict(), "params": params}, model)
@@ -265,7 +280,8 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
                                           content_type="application/json")
         target.object(METRICS_PATH).upload(json.dumps(metrics, indent=2), mode="w", pre_sign=False,
                                            content_type="application/json")
-        extra = {"experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment}
+        extra = {"experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
+                 "mlflow_model_uri": model_uri}
         commit = target.commit(f"Experiment {branch}: model, config and metrics",
                                metadata=encode_metadata(params, metrics, extra))
     mlflow_client.set_tag(run_id, "lakefs.commit", commit.id)
@@ -310,14 +326,16 @@ def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings 
         source_commit = repo.ref(source).get_commit().id
     branches = create_experiment_branches(repo, grid, source_commit)
     if not parallel:
-        return [train_experiment(settings, repo.id, b, g) for b, g in zip(branches, grid, strict=True)]
+        return [train_experiment(settings, repo.id, b, g, lineage=tracking.lineage_tags())
+                for b, g in zip(branches, grid, strict=True)]
     import ray
 
     from helpers.cluster import init_ray
 
     init_ray(settings)
     task = ray.remote(num_cpus=1, max_retries=0)(train_experiment)
-    refs = [task.remote(settings, repo.id, b, dict(g)) for b, g in zip(branches, grid, strict=True)]
+    lineage = tracking.lineage_tags()  # the git commit of the code, found here on the driver
+    refs = [task.remote(settings, repo.id, b, dict(g), lineage=lineage) for b, g in zip(branches, grid, strict=True)]
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as err:
@@ -369,7 +387,7 @@ def promote(repo, branch: str, tag: str | None = None, destination: str | None =
         merge_commit = repo.branch(branch).merge_into(
             destination, message=f"Promote experiment {branch}",
             metadata={"promoted_branch": branch, "promoted_commit": head.id,
-                      **{k: v for k, v in head.metadata.items() if k.startswith(("metric.", "param."))}},
+                      **{k: v for k, v in head.metadata.items() if k.startswith(("metric.", "param.", "mlflow_"))}},
             strategy="source-wins",
         )
     if tag is None:
@@ -379,6 +397,29 @@ def promote(repo, branch: str, tag: str | None = None, destination: str | None =
     with lakefs_errors(f"tagging {merge_commit[:12]} as {tag!r}"):
         repo.tag(tag).create(merge_commit)
     return Promotion(branch, merge_commit, tag)
+
+
+REGISTERED_MODEL = "mnist-classifier"
+
+
+def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
+    """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage, alias ``champion``."""
+    from mlflow.exceptions import MlflowException
+
+    merged = repo.ref(promotion.merge_commit).get_commit().metadata
+    try:
+        mlflow_client.create_registered_model(name, description="MNIST digits; versions come from notebook 06")
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    model_uri = merged["mlflow_model_uri"]  # models:/<model id>, logged by the winner's run
+    version = mlflow_client.create_model_version(
+        name, source=model_uri, run_id=merged["mlflow_run_id"], model_id=model_uri.rsplit("/", 1)[-1],
+        tags={"lakefs.repository": repo.id, "lakefs.commit": promotion.merge_commit, "lakefs.tag": promotion.tag,
+              "lakefs.experiment_commit": merged["promoted_commit"], "mlflow_run_id": merged["mlflow_run_id"]},
+        await_creation_for=0)
+    mlflow_client.set_registered_model_alias(name, "champion", version.version)
+    return version
 
 
 @dataclass

@@ -37,6 +37,7 @@ def setup(quiet: bool = True) -> None:
         for name in ("urllib3", "botocore", "mlflow", "alembic", "ray", "filelock"):
             logging.getLogger(name).setLevel(logging.WARNING)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the notebooks print their links
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     try:
         from IPython import get_ipython
     except ImportError:

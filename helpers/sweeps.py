@@ -15,7 +15,8 @@ from helpers import tracking
 from helpers.config import ParameterError, Settings, load_settings
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem
-from helpers.training import MNISTModel, accuracy, load_checkpoint, predict, train_func_per_worker, worker_resources
+from helpers.training import (MNISTModel, accuracy, load_checkpoint, log_dataset, predict, train_func_per_worker,
+                              worker_resources)
 
 METRIC, MODE = "mean_accuracy", "max"
 KNOWN_GOOD = {"rate": 0.2, "hidden": 128, "activation": "relu", "lr": 0.05}  # the original article's start
@@ -55,8 +56,11 @@ def start_child_run(config: dict[str, Any], params: dict[str, Any]):
     client = MlflowClient(config["tracking_uri"])
     name = tune.get_context().get_trial_name()
     run = client.create_run(tracking.experiment_id(client, config["experiment"]), run_name=name,
-                            tags={"mlflow.parentRunId": config["parent_run_id"], "trial": name})
+                            tags={"mlflow.parentRunId": config["parent_run_id"], "trial": name,
+                                  **config.get("lineage", {})})
     client.log_batch(run.info.run_id, params=tracking.as_params(params))
+    for dataset in config.get("inputs", []):  # [name, source URI, objects, context]
+        log_dataset(client, run.info.run_id, *dataset)
     return client, run.info.run_id
 
 

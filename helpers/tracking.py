@@ -81,6 +81,23 @@ def as_metrics(metrics: Mapping[str, float], step: int = 0) -> list:
     return [Metric(k, float(v), now, step) for k, v in metrics.items()]
 
 
+GIT_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own tag for the code version
+
+
+def lineage_tags() -> dict[str, str]:
+    """``{"mlflow.source.git.commit": <sha>}`` for the repository this code runs from ({} outside a git checkout)."""
+    import subprocess
+
+    from helpers.config import project_root
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {GIT_COMMIT_TAG: sha} if len(sha) == 40 else {}
+
+
 def run_url(uri: str, experiment: str, run_id: str) -> str:
     """Link to a run in the MLflow UI ('' for a tracking URI that is not a server)."""
     return f"{uri.rstrip('/')}/#/experiments/{experiment}/runs/{run_id}" if uri.startswith("http") else ""

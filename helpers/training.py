@@ -321,3 +321,29 @@ def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: 
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
         ),
     )
+
+
+def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: int, context: str,
+                tags: dict[str, str] | None = None) -> None:
+    """Log a dataset input (its source URI and object count, not the data) into run ``run_id`` (notebooks 04-06)."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import DatasetInput, InputTag
+
+    dataset = MetaDataset(resolve_dataset_source(source_uri), name=name)
+    input_tags = {"mlflow.data.context": context, "objects": str(count), **(tags or {})}
+    mlflow_client.log_inputs(run_id, datasets=[
+        DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(k, v) for k, v in input_tags.items()])])
+
+
+def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):
+    """Log ``net`` as an MLflow PyTorch model (signature and input example from ``example``) in the active run."""
+    import mlflow
+    from mlflow.models import infer_signature
+
+    with torch.no_grad():
+        output = net(torch.as_tensor(example)).numpy()
+    return mlflow.pytorch.log_model(
+        net, name=name, input_example=example, signature=infer_signature(example, output),
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],  # known: no slow inference of them
+    )

@@ -1,6 +1,8 @@
 """docker-compose.yml checked structurally (no Docker engine runs here)."""
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,39 @@ def test_jupyter_environment_is_what_helpers_config_reads(compose):
 
 def test_env_example_documents_only_known_variables():
     example = dotenv_values(ROOT / ".env.example")
-    compose_only = {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "LAKEFS_AUTH_ENCRYPT_SECRET_KEY"}
+    compose_only = {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "LAKEFS_AUTH_ENCRYPT_SECRET_KEY", "RAY_HEAD_CPUS",
+                    "RAY_WORKER_CPUS"}
     assert set(example) <= KNOWN_ENV | compose_only, set(example) - KNOWN_ENV - compose_only
     assert compose_only <= set(example)
+
+
+def test_compose_file_passes_the_compose_specification_schema():
+    result = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                             str(ROOT / "docker-compose.yml")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_schema_check_rejects_a_broken_file(tmp_path):
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text("services:\n  ray-head:\n    image: x:1\n    ports: 8265\n    shm_size: [2gb]\n")
+    result = subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                             str(broken)], capture_output=True, text=True)
+    assert result.returncode == 1 and "shm_size" in result.stdout + result.stderr
+
+
+def test_ray_head_workers_and_jupyter_form_one_cluster(compose):
+    services = compose["services"]
+    head, worker, jupyter = services["ray-head"], services["ray-worker"], services["jupyter"]
+    assert {head["image"], worker["image"]} == {jupyter["image"]}, "driver and workers run the same image"
+    for flag in ("ray start --head", "--port=6379", "--dashboard-host=0.0.0.0", "--dashboard-port=8265", "--block"):
+        assert flag in head["command"], flag
+    assert head["ports"] == ["127.0.0.1:8265:8265"] and "8265/api/gcs_healthz" in " ".join(head["healthcheck"]["test"])
+    assert "--address=ray-head:6379" in worker["command"] and "--block" in worker["command"]
+    assert "ports" not in worker and "container_name" not in worker, "--scale ray-worker=N needs both absent"
+    assert worker["depends_on"] == {"ray-head": {"condition": "service_healthy"}}
+    for node in (head, worker):
+        assert node["shm_size"] and node["environment"]["S3_ENDPOINT"] == "http://minio:9000"
+        assert node["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert jupyter["environment"]["RAY_ADDRESS"] == "ray-head:6379"
+    assert "ray start --address=ray-head:6379 --num-cpus=0" in jupyter["command"], "the kernels drive the cluster"
+    assert jupyter["depends_on"]["ray-head"] == {"condition": "service_healthy"}

@@ -72,7 +72,31 @@ def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
     assert all(facts[f"{name} images/s"] > 0 for name in ("tasks", "actors", "read_images", "parquet"))
 
 
+def assert_lineage(run, inputs: dict[str, tuple[str, str]]) -> None:
+    """The run names its data (dataset inputs with a source and an object count) and its code (git commit)."""
+    from helpers import tracking
+
+    logged = {i.dataset.name: (json.loads(i.dataset.source)["uri"], {t.key: t.value for t in i.tags}["objects"])
+              for i in run.inputs.dataset_inputs}
+    assert logged == inputs
+    assert tracking.lineage_tags(), "the tests run from a git checkout"
+    assert run.data.tags[tracking.GIT_COMMIT_TAG] == tracking.lineage_tags()[tracking.GIT_COMMIT_TAG]
+
+
+def load_test_images(bucket: str, count: int):
+    """The first ``count`` test images of the bucket, decoded the way the notebooks do, with their labels."""
+    import numpy as np
+
+    from helpers import preprocess, storage
+
+    _, _, keys, labels, _ = listing.get_train_test_data(bucket, smoke_test_size=count * 6, listing="manifest")
+    client = storage.get_client()
+    images = preprocess.decode_images([storage.read_object(client, bucket, key) for key in keys])
+    return images, np.asarray(labels)
+
+
 def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tmp_path, settings):
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     from helpers import tracking
@@ -92,6 +116,12 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     artifacts |= {a.path for a in client.list_artifacts(run_id, "model")}
     assert {"confusion_matrix.png", "model/checkpoint.pt"} <= artifacts
+    assert_lineage(mlflow_run, {"mnist-train": (f"s3://{bucket}/train/", "300"),
+                                "mnist-test": (f"s3://{bucket}/test/", "50")})
+    assert facts["accuracy through pyfunc"] == facts["test accuracy"]
+    served = mlflow.pyfunc.load_model(facts["MLflow model"])  # the MLflow model, loaded outside the notebook
+    images, labels = load_test_images(bucket, 50)
+    assert (served.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["test accuracy"], abs=1e-4)
 
 
 def test_05_sweeps_from_the_known_good_point(bucket, tmp_path, settings):
@@ -107,10 +137,22 @@ def test_05_sweeps_from_the_known_good_point(bucket, tmp_path, settings):
     parent = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow parent run id"])
     assert parent.info.status == "FINISHED" and parent.data.params["best_hidden"] == str(facts["best config"]["hidden"])
     assert parent.data.metrics["best_mean_accuracy"] == pytest.approx(facts["best validation accuracy"], abs=1e-4)
+    assert_lineage(parent, {"mnist-train": (f"s3://{bucket}/train/", "250"),
+                            "mnist-validation": (f"s3://{bucket}/train/", "50"),
+                            "mnist-test": (f"s3://{bucket}/test/", "50")})
+    for child in sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"]):
+        assert_lineage(child, {"mnist-train": (f"s3://{bucket}/train/", "250"),
+                               "mnist-validation": (f"s3://{bucket}/train/", "50")})
+    import mlflow
+
+    best = mlflow.pyfunc.load_model(facts["MLflow model"])
+    images, labels = load_test_images(bucket, 50)
+    assert (best.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["best test accuracy"],
+                                                                                   abs=1e-4)
 
 
 @pytest.mark.lakefs
-def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakefs_kind, client):
+def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakefs_kind, client, settings):
     import lakefs
 
     from helpers import experiments, versioning
@@ -137,6 +179,28 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         assert facts["files changed by the winner"] == sorted(experiments.EXPERIMENT_FILES)
         assert facts["tag"] == "model-v1" and repo.tag("model-v1").get_commit().id == facts["merge commit"]
         assert facts["reproduced"] is True
+        # the champion: a registered model version with its lakeFS lineage, loadable by alias anywhere
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+        name = facts["registered model"]
+        version = MlflowClient().get_model_version_by_alias(name, "champion")
+        assert version.version == str(facts["champion version"])
+        assert version.tags["lakefs.commit"] == facts["merge commit"] and version.tags["lakefs.tag"] == "model-v1"
+        champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+        params = experiments.read_json(repo, facts["merge commit"], experiments.PARAMS_PATH)
+        x_test, y_test, _ = experiments.read_split(repo, facts["merge commit"], "test", params["test_size"],
+                                                   params["seed"])
+        recomputed = float((champion.predict(x_test).argmax(axis=1) == y_test).mean())
+        assert recomputed == committed and facts["champion accuracy"] == round(committed, 4)
+        for commit_id in facts["experiment commits"].values():
+            metadata = repo.ref(commit_id).get_commit().metadata
+            experiment_run = MlflowClient().get_run(metadata["mlflow_run_id"])
+            data = metadata["param.data_commit"].strip('"')
+            assert_lineage(experiment_run, {"mnist-train": (f"s3://{repo_name}/{data}/train/", "180"),
+                                 "mnist-test": (f"s3://{repo_name}/{data}/test/", "30")})
+            assert metadata["mlflow_model_uri"].startswith("models:/")
     finally:
         repo.delete()
 

@@ -114,6 +114,11 @@ def test_mlflow_run_and_lakefs_commit_point_at_each_other(repo, experiments, lk_
         assert run.data.tags["lakefs.commit"] == result.commit_id
         assert run.data.tags["lakefs.branch"] == result.branch and run.data.tags["lakefs.repository"] == repo.id
         assert tracking.run_metrics(uri, result.mlflow_run_id)["accuracy"] == result.metrics["accuracy"]
+        data = result.params["data_commit"]
+        sources = {i.dataset.name: json.loads(i.dataset.source)["uri"] for i in run.inputs.dataset_inputs}
+        assert sources == {"mnist-train": f"s3://{repo.id}/{data}/train/", "mnist-test": f"s3://{repo.id}/{data}/test/"}
+        assert run.data.tags[tracking.GIT_COMMIT_TAG] == tracking.lineage_tags()[tracking.GIT_COMMIT_TAG]
+        assert commit.metadata["mlflow_model_uri"].startswith("models:/")
 
 
 def test_comparison_table_equals_what_lakefs_holds(repo, experiments):
@@ -160,6 +165,29 @@ def test_promote_merges_the_winner_into_main_and_tags_it(repo, experiments):
     assert second.tag == "model-v2"
     assert exp.read_json(repo, "model-v2", exp.METRICS_PATH) == experiments[0].metrics
     assert exp.read_json(repo, "model-v1", exp.METRICS_PATH) == experiments[1].metrics
+
+
+def test_the_promoted_model_becomes_the_champion_and_a_new_winner_moves_the_alias(repo, experiments, lk_settings):
+    import mlflow
+
+    uri = lk_settings.mlflow_tracking_uri
+    mlflow.set_tracking_uri(uri)
+    client, name = MlflowClient(uri), f"t-model-{uuid.uuid4().hex[:8]}"
+    # the two promotions test_promote made: model-v1 (experiments[1]), then model-v2 (experiments[0])
+    promotions = [exp.Promotion(e.branch, repo.tag(tag).get_commit().id, tag)
+                  for e, tag in ((experiments[1], "model-v1"), (experiments[0], "model-v2"))]
+    first = exp.register_champion(repo, promotions[0], client, name)
+    assert client.get_model_version_by_alias(name, "champion").version == "1"
+    promotion = promotions[1]
+    second = exp.register_champion(repo, promotion, client, name)
+    assert (int(first.version), int(second.version)) == (1, 2)
+    champion_version = client.get_model_version_by_alias(name, "champion")
+    assert champion_version.version == "2" and champion_version.tags["lakefs.commit"] == promotion.merge_commit
+    assert champion_version.run_id == experiments[0].mlflow_run_id
+    champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    params = experiments[0].params
+    x_test, y_test, _ = exp.read_split(repo, promotion.merge_commit, "test", params["test_size"], params["seed"])
+    assert float((champion.predict(x_test).argmax(axis=1) == y_test).mean()) == experiments[0].metrics["accuracy"]
 
 
 def test_reproduce_from_a_commit_id_alone(repo, experiments):
