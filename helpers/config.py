@@ -6,7 +6,7 @@ first one found wins:
 
 1. the process environment,
 2. a ``.env`` file in the project root (see ``.env.example``),
-3. the seed articles' ``credentials.json`` (``url``, ``accessKey``,
+3. the original articles' ``credentials.json`` (``url``, ``accessKey``,
    ``secretKey``) in the project root, for the object store only,
 4. the embedded stack's state file (``.stack/stack.env``) that
    ``python -m helpers.stack up`` writes.
@@ -144,7 +144,7 @@ def _parse_bool(name: str, raw: str) -> bool:
 
 
 def _credentials_json(path: Path) -> dict[str, str]:
-    """Read the seed article's credentials.json shape into our variable names."""
+    """Read the original article's credentials.json shape into our variable names."""
     if not path.is_file():
         return {}
     try:

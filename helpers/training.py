@@ -330,10 +330,20 @@ def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: i
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag
 
+    from mlflow.exceptions import MlflowException
+
     dataset = MetaDataset(resolve_dataset_source(source_uri), name=name)
     input_tags = {"mlflow.data.context": context, "objects": str(count), **(tags or {})}
-    mlflow_client.log_inputs(run_id, datasets=[
-        DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(k, v) for k, v in input_tags.items()])])
+    entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(k, v) for k, v in input_tags.items()])
+    for attempt in range(3):
+        try:
+            mlflow_client.log_inputs(run_id, datasets=[entry])
+            return
+        except MlflowException as err:
+            # Runs logging the same dataset at once race on the server's insert of it; a retry links the stored one.
+            if attempt == 2 or "unique constraint" not in str(err).lower():
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):

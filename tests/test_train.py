@@ -129,6 +129,21 @@ def test_a_refused_log_turns_worker_logging_off_with_one_line(settings, capsys):
     assert training.worker_mlflow_client({"run_id": "x", "tracking_uri": settings.mlflow_tracking_uri}, 1) is None
 
 
+def test_parallel_runs_can_log_the_same_dataset(settings):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    experiment = tracking.experiment_id(client, f"tests-datasets-{uuid.uuid4().hex[:6]}")
+    runs = [client.create_run(experiment).info.run_id for _ in range(8)]
+    source = f"s3://t-{uuid.uuid4().hex[:6]}/train/"  # new to the server: every run inserts it at once
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda run_id: training.log_dataset(client, run_id, "mnist-train", source, 60, "training"), runs))
+    for run_id in runs:
+        (logged,) = client.get_run(run_id).inputs.dataset_inputs
+        assert logged.dataset.name == "mnist-train" and source in logged.dataset.source
+        assert {t.key: t.value for t in logged.tags} == {"mlflow.data.context": "training", "objects": "60"}
+
+
 def test_run_names_are_unique_and_resources_never_take_every_cpu():
     assert len({training.unique_run_name() for _ in range(200)}) == 200
     assert training.worker_resources(2, False, 2.0) == {"CPU": 0.5}
