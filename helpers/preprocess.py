@@ -67,10 +67,14 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id()[:8] if ray.is_initialized() else "-"
 
 
+def normalise(pixels) -> np.ndarray:
+    """``uint8`` digits -> ``float32 [n, 1, 28, 28]`` in [-1, 1], as ToTensor + Normalize((0.5,), (0.5,))."""
+    return (np.asarray(pixels, dtype=np.float32).reshape(-1, 1, 28, 28) / 255.0 - 0.5) / 0.5
+
+
 def decode_images(bodies: Sequence[bytes]) -> np.ndarray:
-    """Encoded images -> ``float32 [n, 1, 28, 28]`` in [-1, 1] (ToTensor + Normalize((0.5,), (0.5,)))."""
-    pixels = np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies])
-    return (pixels.astype(np.float32)[:, None, :, :] / 255.0 - 0.5) / 0.5
+    """Encoded images -> ``float32 [n, 1, 28, 28]`` in [-1, 1]."""
+    return normalise(np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies]))
 
 
 def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
@@ -145,8 +149,7 @@ def to_batch(keys, labels, images: list, skip_counter_name: str | None) -> dict[
         ray.get(skip_counter(skip_counter_name).add.remote(failed))
     if not good_images:
         return {"X": np.zeros((0, 1, 28, 28), np.float32), "y": np.zeros(0, np.int64)}
-    pixels = np.stack(good_images).astype(np.float32)[:, None, :, :]
-    return {"X": (pixels / 255.0 - 0.5) / 0.5, "y": np.asarray(good_labels, dtype=np.int64)}
+    return {"X": normalise(np.stack(good_images)), "y": np.asarray(good_labels, dtype=np.int64)}
 
 
 def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_name: str | None = None,
@@ -219,8 +222,7 @@ PACKED_PREFIX = "packed"
 
 def normalise_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``read_images`` rows (``image`` uint8, ``label``) -> the same batches as the other readers."""
-    pixels = np.asarray(batch["image"], dtype=np.float32).reshape(-1, 1, 28, 28)
-    return {"X": (pixels / 255.0 - 0.5) / 0.5, "y": np.asarray(batch["label"], dtype=np.int64)}
+    return {"X": normalise(batch["image"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
 def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None,
