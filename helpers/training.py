@@ -203,11 +203,17 @@ def validate(net: nn.Module, shard) -> float:
 
 
 def maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
-    """Raise once in epoch ``fail_at_epoch`` on rank ``fail_rank``; a marker file makes it happen only once."""
+    """Raise once in epoch ``fail_at_epoch`` on rank ``fail_rank``; a marker file makes it happen only once.
+
+    The fault comes a few seconds into the epoch, as a real crash would. Ray Train's controller collects
+    the workers' reports every few seconds: a worker that dies before the last report was collected
+    loses that checkpoint too, and the run restarts from the one before.
+    """
     marker = config.get("fail_marker")
     if marker and epoch == config.get("fail_at_epoch") and rank == config.get("fail_rank", 0) \
             and not os.path.exists(marker):
         Path(marker).write_text(f"failed at epoch {epoch} on rank {rank}\n")
+        time.sleep(3 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")))
         raise InjectedFault(f"injected failure in epoch {epoch} on rank {rank}")
 
 
