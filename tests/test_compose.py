@@ -59,22 +59,82 @@ def test_buckets_created_without_public_policy(compose):
     assert "anonymous" not in init and "policy" not in init
 
 
+def lakefs_config() -> dict:
+    return yaml.safe_load((ROOT / "docker" / "lakefs.yaml").read_text())
+
+
 def test_lakefs_runs_on_minio_with_local_kv_and_the_shared_keys(compose):
     lakefs = compose["services"]["lakefs"]
-    env = lakefs["environment"]
-    assert lakefs["image"].startswith("treeverse/lakefs:") and lakefs["command"] == "run"
+    env, config = lakefs["environment"], lakefs_config()
+    assert lakefs["image"].startswith("treeverse/lakefs:")
+    assert lakefs["command"] == "run --config /etc/lakefs/config.yaml"
+    assert "./docker/lakefs.yaml:/etc/lakefs/config.yaml:ro" in lakefs["volumes"]
     assert env["LAKEFS_BLOCKSTORE_TYPE"] == "s3" and env["LAKEFS_BLOCKSTORE_S3_ENDPOINT"] == "http://minio:9000"
     assert env["LAKEFS_BLOCKSTORE_S3_FORCE_PATH_STYLE"] == "true"
-    assert env["LAKEFS_DATABASE_TYPE"] == "local" and env["LAKEFS_DATABASE_LOCAL_PATH"].startswith("/home/lakefs/data")
-    assert any(v.endswith(":/home/lakefs/data") for v in lakefs["volumes"])
+    assert config["database"]["type"] == "local"
     # the installation user's keys are the very variables helpers.config reads for the client
     assert env["LAKEFS_INSTALLATION_ACCESS_KEY_ID"].startswith("${LAKEFS_ACCESS_KEY_ID")
     assert env["LAKEFS_INSTALLATION_SECRET_ACCESS_KEY"].startswith("${LAKEFS_SECRET_ACCESS_KEY")
     assert {"LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"} <= set(ENV_NAMES["lakefs_access_key"]) | set(
         ENV_NAMES["lakefs_secret_key"])
-    assert env["LAKEFS_STATS_ENABLED"] == "false" and env["LAKEFS_SECURITY_CHECK_LATEST_VERSION"] == "false"
     assert lakefs["depends_on"] == {"minio-init": {"condition": "service_completed_successfully"}}
     assert "api/v1/healthcheck" in " ".join(lakefs["healthcheck"]["test"])
+
+
+def test_lakefs_keeps_its_database_where_its_non_root_user_may_write(compose):
+    """The image runs as `lakefs` with home /home/lakefs: a named volume there inherits that ownership.
+
+    A mount point missing from the image is created root-owned, lakeFS can't write its KV database,
+    exits, and everything that waits for its health check never starts.
+    """
+    mounts = dict(reversed(volume.split(":", 1)[0:2]) for volume in compose["services"]["lakefs"]["volumes"]
+                  if not volume.startswith("./"))
+    assert mounts == {"/home/lakefs": "lakefs-data"}
+    database = Path(lakefs_config()["database"]["local"]["path"])
+    assert Path("/home/lakefs") in database.parents, "the database lives on the volume"
+
+
+def test_lakefs_makes_no_calls_home(compose, tmp_path):
+    config, env = lakefs_config(), compose["services"]["lakefs"]["environment"]
+    assert config["stats"]["enabled"] is False
+    assert config["security"] == {"audit_check_url": "", "check_latest_version": False}
+    # lakeFS reads an empty variable as unset (the default URL would be used): never rely on one
+    assert not [name for name, value in env.items() if value in ("", None)], "empty LAKEFS_* variables do nothing"
+    from helpers import stack
+
+    keys = dict.fromkeys(("encrypt_secret", "access_key_id", "secret_access_key"), "k")
+    (tmp_path / "lakefs").mkdir()
+    embedded = yaml.safe_load(stack._lakefs_config(tmp_path, {"lakefs": 1, "s3": 2}, "a", "s", keys).read_text())
+    assert (embedded["stats"], embedded["security"]) == (config["stats"], config["security"]), "both stacks agree"
+
+
+def test_minio_images_come_from_quay_not_the_withdrawn_docker_hub_repositories(compose):
+    for name in ("minio", "minio-init"):
+        image = compose["services"][name]["image"]
+        assert image.startswith("quay.io/minio/"), f"{name}: {image}"
+    assert not [s["image"] for s in compose["services"].values() if s["image"].startswith("minio/")]
+
+
+def test_jupyter_image_has_cpu_torch_and_a_non_root_user(compose):
+    dockerfile = (ROOT / "docker" / "jupyter.Dockerfile").read_text()
+    cpu = dockerfile.index("--index-url https://download.pytorch.org/whl/cpu")
+    requirements = dockerfile.index("-r requirements.txt")
+    assert cpu < requirements, "CPU wheels first, so requirements.txt finds torch already satisfied"
+    pins = dict(re.findall(r"^(torch|torchvision)==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
+    for package, version in pins.items():
+        assert f"{package}=={version}" in dockerfile[cpu - 200:requirements], package
+    users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
+    assert users and users[-1] not in ("root", "0")
+    assert "--allow-root" not in compose["services"]["jupyter"]["command"]
+    assert compose["services"]["jupyter"]["environment"]["JUPYTER_TOKEN"].startswith("${JUPYTER_TOKEN:?")
+
+
+def test_dockerignore_keeps_environments_state_and_secrets_out_of_the_build():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert {".venv", ".stack", "runs", ".env", "credentials.json"} <= ignored
+    for needed in ("requirements.txt", "pyproject.toml", "README.md", "helpers"):
+        assert needed not in ignored and (ROOT / needed).exists()
 
 
 def test_every_variable_compose_reads_is_documented_in_env_example():
@@ -93,7 +153,7 @@ def test_mlflow_proxies_artifacts_and_allows_its_service_name(compose):
 def test_jupyter_environment_is_what_helpers_config_reads(compose):
     jupyter = compose["services"]["jupyter"]
     assert jupyter["shm_size"]
-    assert set(jupyter["environment"]) <= KNOWN_ENV, set(jupyter["environment"]) - KNOWN_ENV
+    assert set(jupyter["environment"]) - {"JUPYTER_TOKEN"} <= KNOWN_ENV, set(jupyter["environment"]) - KNOWN_ENV
     assert {"S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "MLFLOW_TRACKING_URI", "LAKEFS_ENDPOINT",
             "LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"} <= set(jupyter["environment"])
     assert jupyter["environment"]["LAKEFS_ENDPOINT"] == "http://lakefs:8000"
@@ -103,7 +163,7 @@ def test_jupyter_environment_is_what_helpers_config_reads(compose):
 def test_env_example_documents_only_known_variables():
     example = dotenv_values(ROOT / ".env.example")
     compose_only = {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "LAKEFS_AUTH_ENCRYPT_SECRET_KEY", "RAY_HEAD_CPUS",
-                    "RAY_WORKER_CPUS"}
+                    "RAY_WORKER_CPUS", "JUPYTER_TOKEN"}
     assert set(example) <= KNOWN_ENV | compose_only, set(example) - KNOWN_ENV - compose_only
     assert compose_only <= set(example)
 
