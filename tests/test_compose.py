@@ -198,3 +198,14 @@ def test_ray_head_workers_and_jupyter_form_one_cluster(compose):
     assert jupyter["environment"]["RAY_ADDRESS"] == "ray-head:6379"
     assert "ray start --address=ray-head:6379 --num-cpus=0" in jupyter["command"], "the kernels drive the cluster"
     assert jupyter["depends_on"]["ray-head"] == {"condition": "service_healthy"}
+
+
+def test_one_lakefs_version_everywhere(compose):
+    """Compose's server, the binary `make run` fetches and the SDK (whose API the double follows) agree."""
+    import lakefs_sdk
+
+    from helpers import lakefs_binary
+
+    tag = compose["services"]["lakefs"]["image"].rsplit(":", 1)[1]
+    pinned = re.search(r"^lakefs-sdk==(\S+)", (ROOT / "requirements.txt").read_text(), re.M)
+    assert pinned and tag == lakefs_binary.LAKEFS_VERSION == pinned.group(1) == lakefs_sdk.__version__

@@ -1,15 +1,19 @@
 """Lifecycle of the embedded stack, on private ports and a private state folder."""
 
+import http.server
+import io
+import os
 import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 
 import psutil
 import pytest
 
-from helpers import listing, stack, storage, upload
+from helpers import lakefs_binary, listing, stack, storage, upload
 from helpers.config import load_settings
 
 
@@ -128,6 +132,8 @@ def test_interrupted_upload_resumes_without_duplicates(state):
 # serves the lakeFS API test double with the installation keys and blockstore credentials from that file.
 FAKE_LAKEFS = '''#!{python}
 import sys, time, yaml
+if sys.argv[1:] == ["--version"]:
+    sys.exit(print("lakefs version {version}"))
 sys.path.insert(0, {root!r})
 assert sys.argv[1:3] == ["run", "--config"], sys.argv
 cfg = yaml.safe_load(open(sys.argv[3]))
@@ -146,19 +152,25 @@ server.serve_forever()
 '''
 
 
+def fake_lakefs(version: str = lakefs_binary.LAKEFS_VERSION) -> str:
+    """A stand-in ``lakefs`` binary: answers ``--version``, and ``run --config`` starts the API double."""
+    from helpers.config import project_root
+
+    return FAKE_LAKEFS.format(python=sys.executable, root=str(project_root()), version=version)
+
+
 @pytest.mark.slow
 @pytest.mark.lakefs
 def test_up_starts_lakefs_where_a_binary_is_on_path_and_writes_its_settings(state, tmp_path, monkeypatch):
     from helpers import versioning
-    from helpers.config import project_root
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "lakefs"
-    fake.write_text(FAKE_LAKEFS.format(python=sys.executable, root=str(project_root())))
+    fake.write_text(fake_lakefs())
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
-    assert stack.lakefs_binary() == fake
+    assert lakefs_binary.find() == fake
 
     rows = {r.name: r for r in stack.up(state, ports=private_ports(), with_mlflow=False)}
     assert rows["lakefs"].healthy and rows["lakefs"].detail == "started"
@@ -174,6 +186,125 @@ def test_up_starts_lakefs_where_a_binary_is_on_path_and_writes_its_settings(stat
 
 
 def test_status_says_when_no_lakefs_binary_is_available(state, monkeypatch):
-    monkeypatch.setattr(stack, "lakefs_binary", lambda: None)
+    monkeypatch.setattr(stack.lakefs_binary, "find", lambda: None)
     row = {r.name: r for r in stack.status(state)}["lakefs"]
     assert not row.running and "no lakefs binary" in row.detail and "docker compose" in row.detail
+
+
+# --- fetching lakeFS where it is missing -------------------------------------------
+
+class ReleaseServer(http.server.ThreadingHTTPServer):
+    """lakeFS's releases page on 127.0.0.1: serves whatever archives a test puts in ``files``."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.requests: list[str] = []
+        files, requests = self.files, self.requests
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802 - stdlib name
+                requests.append(self.path)
+                body = files.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/releases/"
+
+    def publish(self, version: str, members: dict[str, str]) -> str:
+        """A release archive holding ``members`` (name -> script), at the path the downloader asks for."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            for name, text in members.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(text.encode()), 0o755
+                archive.addfile(info, io.BytesIO(text.encode()))
+        path = "/" + lakefs_binary.release_url(version, self.url).split("/", 3)[3]
+        self.files[path] = buffer.getvalue()
+        return path
+
+
+@pytest.fixture
+def releases():
+    server = ReleaseServer()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def lakectl() -> str:
+    return "#!/bin/sh\necho lakectl\n"
+
+
+def test_download_fetches_unpacks_and_checks_the_pinned_release(releases, tmp_path):
+    path = releases.publish(lakefs_binary.LAKEFS_VERSION, {"lakefs": fake_lakefs(), "lakectl": lakectl()})
+    binary = lakefs_binary.download(target=tmp_path / "bin", base_url=releases.url, timeout=10)
+    assert releases.requests == [path] and path.endswith(f"v{lakefs_binary.LAKEFS_VERSION}/lakeFS_"
+                                                         f"{lakefs_binary.LAKEFS_VERSION}_linux_x86_64.tar.gz")
+    assert binary == tmp_path / "bin" / "lakefs" and (tmp_path / "bin" / "lakectl").is_file()
+    assert lakefs_binary.verify(binary) == f"lakefs version {lakefs_binary.LAKEFS_VERSION}"
+    assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["lakectl", "lakefs"], "no leftovers"
+
+
+@pytest.mark.parametrize("case", ["wrong version", "not an archive", "no lakefs inside", "no such release",
+                                  "nothing listening"])
+def test_a_bad_download_says_why_and_installs_nothing(releases, tmp_path, case):
+    version = lakefs_binary.LAKEFS_VERSION
+    base = releases.url
+    if case == "wrong version":
+        releases.publish(version, {"lakefs": fake_lakefs("1.2.3"), "lakectl": lakectl()})
+    elif case == "not an archive":
+        path = releases.publish(version, {})
+        releases.files[path] = b"<html>rate limited</html>"
+    elif case == "no lakefs inside":
+        releases.publish(version, {"lakectl": lakectl()})
+    elif case == "nothing listening":
+        base = f"http://127.0.0.1:{stack.free_ports(['x'])['x']}/"
+    with pytest.raises(lakefs_binary.DownloadError) as err:
+        lakefs_binary.download(target=tmp_path / "bin", base_url=base, timeout=10)
+    expected = {"wrong version": "not lakeFS " + version, "not an archive": "not a lakeFS release archive",
+                "no lakefs inside": "not a lakeFS release archive", "no such release": "404",
+                "nothing listening": "could not fetch"}[case]
+    assert expected in str(err.value)
+    assert not (tmp_path / "bin" / "lakefs").exists() and not list((tmp_path / "bin").glob(".download-*"))
+
+
+def up_download_lakefs(state, home, releases_url: str) -> subprocess.CompletedProcess:
+    """``python -m helpers.stack up --download-lakefs`` with no lakefs anywhere, on private ports."""
+    stack._load_or_choose_ports(state, private_ports())  # noqa: SLF001 - remembered by the CLI's up
+    env = {**os.environ, "HOME": str(home), "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
+           lakefs_binary.RELEASES_URL_ENV: releases_url}
+    return subprocess.run([sys.executable, "-m", "helpers.stack", "up", "--download-lakefs", "--no-mlflow",
+                           "--state-dir", str(state)], capture_output=True, text=True, timeout=180, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.lakefs
+def test_up_download_lakefs_fetches_it_when_missing_and_starts_it(releases, state, tmp_path):
+    releases.publish(lakefs_binary.LAKEFS_VERSION, {"lakefs": fake_lakefs(), "lakectl": lakectl()})
+    result = up_download_lakefs(state, tmp_path / "home", releases.url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    installed = tmp_path / "home" / ".lakefs" / "bin" / "lakefs"
+    assert f"lakeFS {lakefs_binary.LAKEFS_VERSION} installed: {installed}" in result.stdout
+    row = {r.name: r for r in stack.status(state)}["lakefs"]
+    assert row.healthy and installed.is_file()
+
+
+@pytest.mark.slow
+def test_up_download_lakefs_offline_starts_without_it_in_one_line(state, tmp_path):
+    result = up_download_lakefs(state, tmp_path / "home", f"http://127.0.0.1:{stack.free_ports(['x'])['x']}/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    skipped = [line for line in result.stdout.splitlines() if line.startswith("lakeFS not downloaded")]
+    assert len(skipped) == 1 and "could not fetch" in skipped[0] and "notebook 06 will be skipped" in skipped[0]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert not (tmp_path / "home" / ".lakefs" / "bin" / "lakefs").exists()
+    assert not {r.name: r for r in stack.status(state)}["lakefs"].running
