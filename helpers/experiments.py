@@ -5,6 +5,7 @@ Lesson 06 · Parallel experiments on lakeFS branches.
 import io
 import itertools
 import json
+import string
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,8 @@ from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
 from helpers.storage import ensure_bucket, get_client, object_store_errors
 from helpers.training import accuracy, log_dataset, log_torch_model, make_optimizer, model_from_params
-from helpers.versioning import LAKEFS_BUCKET, LakeFSError, connect, lakefs_errors, storage_namespace
+from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_same_object_store, connect, lakefs_errors,
+                                storage_namespace)
 
 INGEST_BRANCH = "ingest"
 EXPERIMENT_PREFIX = "exp-"
@@ -33,10 +35,18 @@ MLFLOW_EXPERIMENT = "lakefs-experiments"
 
 
 def ensure_repository(client, name: str, settings: Settings | None = None, bucket: str = LAKEFS_BUCKET):
-    """The repository ``name`` (a ``lakefs.Repository``), created with its namespace bucket if missing."""
-    ensure_bucket(get_client(settings or load_settings()), bucket)
+    """The repository ``name`` (a ``lakefs.Repository``), created with its namespace bucket if missing.
+
+    Raises:
+        LakeFSError: lakeFS refused, or it keeps its data in another object store than ours.
+    """
+    settings = settings or load_settings()
+    s3 = get_client(settings)
+    ensure_bucket(s3, bucket)
     with lakefs_errors(f"creating repository {name!r}"):
-        return lakefs.repository(name, client=client).create(storage_namespace(name, bucket), exist_ok=True)
+        repo = lakefs.repository(name, client=client).create(storage_namespace(name, bucket), exist_ok=True)
+    check_same_object_store(repo, s3, settings.s3_endpoint)
+    return repo
 
 
 @dataclass
@@ -290,9 +300,13 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
 
 
 def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
-    """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``."""
+    """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``.
+
+    lakeFS accepts ASCII letters, digits, ``_`` and ``-`` only: anything else becomes ``_``.
+    """
     parts = [str(v).replace(".", "_") for v in overrides.values()]
-    return prefix + "-".join("".join(c if c.isalnum() or c in "-_" else "_" for c in p) for p in parts)
+    allowed = set(string.ascii_letters + string.digits + "-_")
+    return prefix + "-".join("".join(c if c in allowed else "_" for c in p) for p in parts)
 
 
 def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:

@@ -16,9 +16,14 @@ from helpers.config import ConfigError, Settings, load_settings
 
 LAKEFS_BUCKET = "lakefs"  # the bucket holding every repository's storage namespace
 HOW_TO_GET_LAKEFS = (
-    "Start the full stack with `docker compose up -d` (see README), or put a `lakefs` binary on PATH "
-    "(`python -m lakefs.download` where there is internet) and run `python -m helpers.stack up`; "
-    "or point LAKEFS_ENDPOINT, LAKEFS_ACCESS_KEY_ID and LAKEFS_SECRET_ACCESS_KEY at a lakeFS server."
+    "Run `make run` (or `python -m helpers.stack up --download-lakefs`) where there is internet: it fetches "
+    "lakeFS; or start the full stack with `docker compose up -d` (see README); or point LAKEFS_ENDPOINT, "
+    "LAKEFS_ACCESS_KEY_ID and LAKEFS_SECRET_ACCESS_KEY at a lakeFS server whose blockstore is S3_ENDPOINT."
+)
+NAMESPACE_MARKER = "_lakefs/dummy"  # lakeFS writes it into a repository's storage namespace on creation
+NAMESPACE_IN_USE = (
+    " (deleting a repository keeps its data, so its namespace can't be reused): choose another repository "
+    "name, or delete that prefix from the bucket first"
 )
 
 
@@ -82,7 +87,9 @@ def lakefs_errors(action: str) -> Iterator[None]:
     except lx.NotAuthorizedException as err:
         raise LakeFSAuthError(f"{action}: lakeFS rejected the keys ({_reason(err)}).") from None
     except lx.LakeFSException as err:
-        raise LakeFSError(f"{action}: {_reason(err)}") from None
+        reason = _reason(err)
+        hint = NAMESPACE_IN_USE if "storage namespace already in use" in reason else ""
+        raise LakeFSError(f"{action}: {reason}{hint}") from None
 
 
 def _reason(err: Exception) -> str:
@@ -100,3 +107,28 @@ def _reason(err: Exception) -> str:
 def storage_namespace(repo_name: str, bucket: str = LAKEFS_BUCKET) -> str:
     """Where lakeFS keeps a repository's own data: ``s3://lakefs/<repo>``."""
     return f"s3://{bucket}/{repo_name}"
+
+
+def check_same_object_store(repo, s3_client, s3_endpoint: str) -> None:
+    """Raise :class:`LakeFSError` unless lakeFS keeps ``repo``'s data in the object store at ``s3_endpoint``.
+
+    Notebook 06 imports the bucket's objects into lakeFS and reads lakeFS's files
+    back by physical address, so lakeFS's blockstore must be this same object
+    store. The marker lakeFS writes into every new namespace shows whether it is.
+    """
+    from minio.error import S3Error
+
+    namespace = repo.properties.storage_namespace.rstrip("/")
+    bucket, _, prefix = namespace.removeprefix("s3://").partition("/")
+    key = f"{prefix}/{NAMESPACE_MARKER}".lstrip("/")
+    try:
+        s3_client.stat_object(bucket, key)
+    except S3Error as err:
+        if err.code not in ("NoSuchKey", "NoSuchBucket"):
+            raise
+        raise LakeFSError(
+            f"lakeFS keeps repository {repo.id!r} in {namespace}, but {s3_endpoint} has no {namespace}/"
+            f"{NAMESPACE_MARKER}: that lakeFS stores its data in another object store. Notebook 06 imports from "
+            "and reads this bucket directly, so point LAKEFS_ENDPOINT at a lakeFS whose blockstore is S3_ENDPOINT "
+            "(docker compose and `python -m helpers.stack up` set theirs up that way)."
+        ) from None

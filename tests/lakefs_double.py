@@ -51,7 +51,13 @@ API = "/api/v1"
 USER = "tutorial"
 METADATA_HEADER = "x-lakefs-meta-"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{2,62}$")
-BRANCH_PATTERN = re.compile(r"^\w[-\w]*$")
+BRANCH_PATTERN = re.compile(r"^\w[-\w]*$", re.ASCII)  # Go's \w (lakeFS's validator) is ASCII only
+MERGE_STRATEGY_KEY = ".lakefs.merge.strategy"  # graveler records it on every merge and import commit
+MERGE_STRATEGIES = {None: "default", "": "default", "dest-wins": "dest-wins", "source-wins": "source-wins"}
+# lakeFS proves it may write a new storage namespace by writing this object there, and refuses a
+# namespace that already holds one (or the older root marker): it belongs to another repository.
+NAMESPACE_MARKER, ROOT_MARKER = "_lakefs/dummy", "dummy"
+NAMESPACE_MARKER_DATA = b"this is dummy data - created by lakeFS to check accessibility"
 
 
 class ApiError(Exception):
@@ -61,6 +67,17 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request and the response the double gave (recorded for the contract test)."""
+
+    method: str
+    path: str
+    status: int
+    content_type: str
+    json_body: bytes | None
 
 
 @dataclass(frozen=True)
@@ -74,8 +91,12 @@ class Entry:
     content_type: str = "application/octet-stream"
     metadata: tuple[tuple[str, str], ...] = ()
 
+    def identity(self) -> tuple:
+        """What lakeFS compares entries by (catalog.EntryToValue): size, ETag, user metadata, content type."""
+        return self.size, self.checksum, self.metadata, self.content_type
+
     def same_content(self, other: Entry | None) -> bool:
-        return other is not None and (self.physical_address, self.checksum) == (other.physical_address, other.checksum)
+        return other is not None and self.identity() == other.identity()
 
 
 @dataclass(frozen=True)
@@ -251,6 +272,29 @@ class LakeFSState:
         repo.commits[commit.id] = commit
         return commit
 
+    def claim_namespace(self, namespace: str) -> None:
+        """lakeFS's check of a new repository's storage namespace (``ensureStorageNamespace``)."""
+        import io
+
+        from minio.error import S3Error
+
+        bucket, prefix = split_s3_uri(namespace.rstrip("/"))
+        refused = "failed to create repository: "
+        for marker in (ROOT_MARKER, NAMESPACE_MARKER):
+            key = f"{prefix.strip('/')}/{marker}".lstrip("/")
+            try:
+                self.s3.stat_object(bucket, key)
+            except S3Error as err:
+                if err.code not in ("NoSuchKey", "NoSuchBucket"):
+                    raise ApiError(HTTPStatus.BAD_REQUEST, refused + "failed to access storage") from None
+                continue
+            raise ApiError(HTTPStatus.BAD_REQUEST, f"{refused}found lakeFS objects in the storage "
+                                                   f"({namespace}) key({marker}): storage namespace already in use")
+        try:
+            self.s3.put_object(bucket, key, io.BytesIO(NAMESPACE_MARKER_DATA), len(NAMESPACE_MARKER_DATA))
+        except S3Error:
+            raise ApiError(HTTPStatus.BAD_REQUEST, refused + "failed to access storage") from None
+
     def store_bytes(self, repo: Repo, data: bytes, content_type: str) -> tuple[str, str]:
         """Write bytes under the repository's storage namespace; returns (physical address, md5)."""
         import io
@@ -299,10 +343,10 @@ class LakeFSState:
                         for path in [p for p in tree if p.startswith(location.destination)]:
                             del tree[path]
                 tree.update(staged)
-                if not tree_diff(dict(head.tree), tree) and not creation.commit.allow_empty:
-                    raise ApiError(HTTPStatus.BAD_REQUEST, "commit: no changes")
+                # an import always commits, changed or not, and records itself as a source-wins merge
+                metadata = {**(creation.commit.metadata or {}), MERGE_STRATEGY_KEY: "source-wins"}
                 commit = self.new_commit(repo, [head.id], creation.commit.message or "Import objects",
-                                         creation.commit.metadata, tree)
+                                         metadata, tree)
                 branch.commit_id = commit.id
                 record.update(commit=commit, completed=True)
         except ApiError as err:
@@ -310,6 +354,13 @@ class LakeFSState:
         except Exception as err:  # the object store said no: report it the way lakeFS does
             record["error"] = f"import failed: {err}"
         record["updated"] = datetime.now(UTC)
+
+
+def valid_tag(tag: str) -> bool:
+    """lakeFS's tag rules (git's ref format, ``~`` allowed)."""
+    return bool(tag) and tag != "@" and not tag.endswith((".", ".lock")) \
+        and not any(bad in tag for bad in ("..", "/", "@{")) and not any(c in "^:?*[\\" for c in tag) \
+        and not any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in tag)
 
 
 def paginate(items: list[Any], key: Callable[[Any], str], query: dict[str, str]) -> tuple[list[Any], models.Pagination]:
@@ -352,8 +403,14 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- plumbing ----------------------------------------------------------------------------
 
+    def _record(self, status: int, content_type: str, body: bytes) -> None:
+        if self.server.exchanges is not None:
+            self.server.exchanges.append(Exchange(self.command, urllib.parse.urlsplit(self.path).path, int(status),
+                                                  content_type, body if content_type == "application/json" else None))
+
     def _send(self, status: int, body: bytes = b"", content_type: str = "application/json",
               headers: dict[str, str] | None = None) -> None:
+        self._record(status, content_type, body)
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -445,20 +502,10 @@ class Handler(BaseHTTPRequestHandler):
         body = self._model(models.RepositoryCreation)
         if not NAME_PATTERN.fullmatch(body.name):
             raise ApiError(HTTPStatus.BAD_REQUEST, f"invalid repository name {body.name!r}")
-        if body.name in state.repos:
+        if body.name in state.repos:  # checked before the namespace, as lakeFS does
             raise ApiError(HTTPStatus.CONFLICT, "error creating repository: not unique")
-        namespace = body.storage_namespace.rstrip("/")
-        if any(r.storage_namespace.rstrip("/") == namespace for r in state.repos.values()):
-            raise ApiError(HTTPStatus.BAD_REQUEST, f"storage namespace already in use: {namespace}")
-        bucket, prefix = split_s3_uri(namespace)
-        if not state.s3.bucket_exists(bucket):
-            raise ApiError(HTTPStatus.BAD_REQUEST, f"failed to access storage: bucket {bucket} does not exist")
+        state.claim_namespace(body.storage_namespace)
         repo = Repo(body.name, body.storage_namespace, body.default_branch or "main", int(time.time()))
-        # lakeFS checks it can write to the namespace by writing a small object there
-        import io
-
-        dummy = f"{prefix.strip('/')}/dummy".lstrip("/")
-        state.s3.put_object(bucket, dummy, io.BytesIO(b"lakeFS namespace check"), 22)
         first = state.new_commit(repo, [], "Repository created", {}, {})
         repo.branches[repo.default_branch] = Branch(first.id)
         state.repos[repo.name] = repo
@@ -547,6 +594,8 @@ class Handler(BaseHTTPRequestHandler):
     def create_tag(self, state: LakeFSState, query: dict, name: str) -> None:
         repo = state.repo(name)
         body = self._model(models.TagCreation)
+        if not valid_tag(body.id):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "tag id: validation error")
         if body.id in repo.tags:
             raise ApiError(HTTPStatus.CONFLICT, f"tag already exists: {body.id}")
         commit, _ = state.resolve(repo, body.ref)
@@ -607,6 +656,8 @@ class Handler(BaseHTTPRequestHandler):
     def merge(self, state: LakeFSState, query: dict, name: str, source: str, destination: str) -> None:
         repo = state.repo(name)
         body = self._model(models.Merge)
+        if body.strategy not in MERGE_STRATEGIES:
+            raise ApiError(HTTPStatus.BAD_REQUEST, "invalid merge strategy")
         dest = state.branch(repo, destination)
         if dest.staging:
             raise ApiError(HTTPStatus.BAD_REQUEST, f"branch {destination} has uncommitted changes")
@@ -635,7 +686,8 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(HTTPStatus.CONFLICT, f"conflict found: {', '.join(conflicts[:5])}")
         parents = [dest_commit.id] if body.squash_merge else [dest_commit.id, src_commit.id]
         message = body.message or f"Merge '{source}' into '{destination}'"
-        commit = state.new_commit(repo, parents, message, body.metadata, tree)
+        metadata = {**(body.metadata or {}), MERGE_STRATEGY_KEY: MERGE_STRATEGIES[body.strategy]}
+        commit = state.new_commit(repo, parents, message, metadata, tree)
         dest.commit_id = commit.id
         self._json(200, models.MergeResult(reference=commit.id))
 
@@ -685,6 +737,7 @@ class Handler(BaseHTTPRequestHandler):
         headers = {"ETag": f'"{entry.checksum}"', "Last-Modified": time.strftime(
             "%a, %d %b %Y %H:%M:%S GMT", time.gmtime(entry.mtime))}
         if self.command == "HEAD":
+            self._record(200, entry.content_type, b"")
             self.send_response(200)
             self.send_header("Content-Length", str(entry.size))
             for key, value in headers.items():
@@ -806,8 +859,9 @@ class LakeFSServer(ThreadingHTTPServer):
 
     def __init__(self, settings: Settings, access_key: str = "AKIAIOSFOLKFSSAMPLES",
                  secret_key: str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", port: int = 0,
-                 import_step_delay: float = 0.0):
+                 import_step_delay: float = 0.0, record: bool = False):
         super().__init__(("127.0.0.1", port), Handler)
+        self.exchanges: list[Exchange] | None = [] if record else None
         self.state = LakeFSState(settings, import_step_delay)
         self.access_key, self.secret_key = access_key, secret_key
         self.version = f"{lakefs_sdk.__version__}-test-double"

@@ -250,6 +250,9 @@ def test_merging_conflicting_changes_needs_a_strategy(repo, imported):
         branch.commit(f"notes from {name}")
     repo.branch(names[0]).merge_into(names[1], strategy="source-wins")
     assert exp.read_bytes(repo, names[1], "notes.txt") == b"left"
+    assert repo.branch(names[1]).get_commit().metadata[".lakefs.merge.strategy"] == "source-wins"
+    with pytest.raises(lakefs.exceptions.BadRequestException):  # lakeFS knows two strategies, not this one
+        repo.branch(names[0]).merge_into(names[1], strategy="mine-wins")
     repo.branch(names[1]).object("notes.txt").upload("changed again", mode="w", pre_sign=False)
     repo.branch(names[1]).commit("more notes")
     repo.branch(names[0]).object("notes.txt").upload("left, changed", mode="w", pre_sign=False)
@@ -258,3 +261,62 @@ def test_merging_conflicting_changes_needs_a_strategy(repo, imported):
         repo.branch(names[0]).merge_into(names[1])
     for name in names:
         repo.branch(name).delete()
+
+
+def test_a_namespace_left_by_a_deleted_repository_is_refused_with_the_fix(lk_settings, source_bucket):
+    client, name = versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}"
+    exp.ensure_repository(client, name, lk_settings).delete()  # lakeFS keeps the namespace's data
+    with pytest.raises(versioning.LakeFSError) as err:
+        exp.ensure_repository(client, name, lk_settings)
+    assert "storage namespace already in use" in str(err.value) and "choose another repository name" in str(err.value)
+
+
+def test_a_lakefs_on_another_object_store_is_named(lk_settings, client, source_bucket):
+    lk, name = versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}"
+    repository = exp.ensure_repository(lk, name, lk_settings)
+    try:
+        # what S3_ENDPOINT shows when lakeFS writes elsewhere: no marker in the repository's namespace
+        client.remove_object(versioning.LAKEFS_BUCKET, f"{name}/{versioning.NAMESPACE_MARKER}")
+        with pytest.raises(versioning.LakeFSError, match="another object store") as err:
+            exp.ensure_repository(lk, name, lk_settings)
+        assert lk_settings.s3_endpoint in str(err.value) and "LAKEFS_ENDPOINT" in str(err.value)
+    finally:
+        repository.delete()
+
+
+def test_a_forced_import_of_unchanged_data_commits_as_a_source_wins_merge(lk_settings, client):
+    with uploaded_bucket(client, "again", 60) as name:
+        repository = exp.ensure_repository(versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}",
+                                           lk_settings)
+        try:
+            first = exp.import_from_bucket(repository, name, settings=lk_settings)
+            again = exp.import_from_bucket(repository, name, settings=lk_settings, force=True)
+            assert not again.reused and again.commit_id != first.commit_id and again.objects == first.objects
+            metadata = repository.ref(again.commit_id).get_commit().metadata
+            assert metadata[".lakefs.merge.strategy"] == "source-wins" and metadata["import_source"]
+            assert list(repository.ref(first.commit_id).diff(repository.ref(again.commit_id))) == []
+        finally:
+            repository.delete()
+
+
+def test_branch_names_are_ascii_as_lakefs_requires(repo, imported):
+    assert exp.branch_name({"optimizer": "adam", "note": "größe 1.5"}) == "exp-adam-gr__e_1_5"
+    with pytest.raises(lakefs.exceptions.BadRequestException):
+        repo.branch("exp-größe").create(imported[1].commit_id)
+
+
+def test_diff_compares_content_not_where_it_is_stored(repo, imported):
+    name = f"d-{uuid.uuid4().hex[:6]}"
+    branch = repo.branch(name).create(imported[1].commit_id)
+    try:
+        branch.object("notes.txt").upload("same", mode="w", pre_sign=False, content_type="text/plain")
+        before = branch.commit("notes").get_commit().id
+        branch.object("notes.txt").upload("same", mode="w", pre_sign=False, content_type="text/plain")
+        branch.object("other.txt").upload("x", mode="w", pre_sign=False, content_type="text/plain")
+        same = branch.commit("the same notes again, stored anew").get_commit().id
+        assert [c.path for c in repo.ref(before).diff(repo.ref(same))] == ["other.txt"]
+        branch.object("notes.txt").upload("same", mode="w", pre_sign=False, content_type="application/json")
+        retyped = branch.commit("same bytes, another content type").get_commit().id
+        assert [(c.path, c.type) for c in repo.ref(same).diff(repo.ref(retyped))] == [("notes.txt", "changed")]
+    finally:
+        branch.delete()
