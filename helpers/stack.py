@@ -539,16 +539,10 @@ def main(argv: list[str] | None = None) -> int:
     state = (args.state_dir or state_dir()).resolve()
     try:
         if args.command == "up":
-            overrides: dict[str, int] = {}
-            if args.port_base:
-                names = [n for n in _seaweed_port_names() if n != "s3"]
-                overrides.update({n: args.port_base + i for i, n in enumerate(names)})
-            if args.s3_port:
-                overrides["s3"] = args.s3_port
-            if args.mlflow_port:
-                overrides["mlflow"] = args.mlflow_port
-            if args.lakefs_port:
-                overrides["lakefs"] = args.lakefs_port
+            internal = [n for n in _seaweed_port_names() if n != "s3"]
+            overrides = {n: args.port_base + i for i, n in enumerate(internal)} if args.port_base else {}
+            named = {"s3": args.s3_port, "mlflow": args.mlflow_port, "lakefs": args.lakefs_port}
+            overrides.update({name: port for name, port in named.items() if port})
             started = time.monotonic()
             if args.download_lakefs and not args.no_lakefs and lakefs_binary.find() is None:
                 _download_lakefs_or_say_why_not()
