@@ -512,13 +512,11 @@ def _print_status(rows: list[ServiceStatus]) -> None:
 
 
 def _download_lakefs_or_say_why_not() -> None:
-    version = lakefs_binary.LAKEFS_VERSION
-    print(f"No lakefs binary found: fetching lakeFS {version} into {lakefs_binary.INSTALL_DIR} ...")
+    print(f"lakeFS {lakefs_binary.LAKEFS_VERSION} is not installed: fetching it ... ", end="", flush=True)
     try:
-        binary = lakefs_binary.download()
-        print(f"lakeFS {version} installed: {binary}")
+        print(f"installed: {lakefs_binary.download()}")
     except lakefs_binary.DownloadError as err:
-        print(f"lakeFS not downloaded ({err}): starting without it, notebook 06 will be skipped.")
+        print(f"not downloaded ({err}); starting without it, notebook 06 will be skipped.")
 
 
 def main(argv: list[str] | None = None) -> int:
