@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lab stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
+.PHONY: install run test lab reset catch-up stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,17 @@ run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing 
 test: $(STAMP)  ## unit + notebook tests against real local services (starts its own private stack)
 	$(PY) -m pytest
 
-lab: $(STAMP) stack-up  ## JupyterLab on the notebooks
-	$(VENV)/bin/jupyter lab notebooks/
+lab: $(STAMP)  ## the stack, a local Ray with its dashboard, and JupyterLab on the notebooks; prints every URL
+	$(PY) -m helpers.stack up --download-lakefs
+	$(PY) -m helpers.lab
+
+reset: $(STAMP)  ## stop the embedded stack and delete its data (buckets, MLflow runs, lakeFS repositories) and runs/
+	$(PY) -m helpers.stack down
+	rm -rf .stack runs
+
+catch-up: $(STAMP)  ## run the notebooks before NN headlessly (make catch-up NN=04), to join a workshop there
+	$(PY) -m helpers.stack up --download-lakefs
+	$(PY) -m helpers.runner --before $(NN)
 
 stack-up: $(STAMP)
 	$(PY) -m helpers.stack up

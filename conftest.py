@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 _SESSION: dict[str, object] = {}
+os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
 
 
 def session_stack() -> Path | None:

@@ -180,7 +180,7 @@ def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_
         x, y = torch.as_tensor(x_train), torch.as_tensor(y_train)
         rng = np.random.default_rng(params["seed"])
         losses = []
-        for epoch in range(params["epochs"]):
+        for epoch in range(1, params["epochs"] + 1):  # epochs count from 1, as everywhere in the tutorial
             net.train()
             order = torch.as_tensor(rng.permutation(len(x)))
             total = 0.0

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
+
+from tqdm.std import tqdm as tqdm_text
 
 from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
@@ -24,6 +27,35 @@ class NotebookSkipped(RuntimeError):
 # Errors a user can fix: a notebook shows their one-line message, not a traceback.
 USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError, LakeFSError,
                TrackingUnavailable, NotebookSkipped)
+
+
+HEADLESS_ENV = "TUTORIAL_HEADLESS"  # set by the runner and the tests: no one watches the outputs live
+
+
+def progress_bar(total: int, desc: str, unit: str = "it", disable: bool = False):
+    """A tqdm bar: a live widget in JupyterLab; in a headless run (papermill, tests) one final line of text.
+
+    A widget saved into a notebook file is only state and a frozen "0%"; the final line says what happened.
+    """
+    if not os.environ.get(HEADLESS_ENV):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, disable=disable)
+    return _FinalLineBar(total=total, desc=desc, unit=unit, disable=disable)
+
+
+class _FinalLineBar(tqdm_text):
+    """Counts silently and prints its final state once, when closed."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, file=io.StringIO(), **kwargs)
+
+    def close(self) -> None:
+        if self.disable:  # tqdm marks a closed bar disabled: print once
+            return
+        line = str(self)
+        super().close()
+        print(line)
 
 
 def skip_notebook(needs: str, reason: object) -> None:

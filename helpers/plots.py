@@ -45,7 +45,8 @@ def bar_chart(values: Mapping[str, float], title: str, ylabel: str, fmt: str = "
         ax.set_yscale("log")
     ax.margins(y=0.15)
     ax.spines[["top", "right"]].set_visible(False)
-    plt.setp(ax.get_xticklabels(), rotation=30 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
+    crowded = len(names) > 6 or sum(len(n) for n in names) > 8 * len(names) + 10  # labels wider than their bars
+    plt.setp(ax.get_xticklabels(), rotation=25 if crowded else 0, ha="right" if crowded else "center")
     fig.tight_layout()
     return fig
 
@@ -96,16 +97,31 @@ def trial_curves(history: Mapping[str, Sequence[tuple[int, float]]], title: str)
     return fig
 
 
-def scatter_panels(table, columns: Sequence[str], metric: str, title: str) -> Figure:
-    """The metric against each column of a results table, one panel per column (notebook 05)."""
+def scatter_panels(table, columns: Sequence[str], metric: str, title: str, group_by: str | None = None,
+                   group_label: str = "") -> Figure:
+    """The metric against each column of a results table, one panel per column (notebook 05).
+
+    ``group_by`` colours the points by another column (05: the epochs each trial ran), so points
+    that are not comparable (a trial stopped after one epoch, one that ran six) are told apart.
+    """
+    from matplotlib.ticker import LogLocator, NullFormatter
+
     fig, axes = plt.subplots(1, len(columns), figsize=(3.3 * len(columns), 2.8), sharey=True, squeeze=False)
+    groups = sorted(table[group_by].unique()) if group_by else [None]
     for ax, column in zip(axes[0], columns, strict=True):
-        ax.scatter(table[column], table[metric], s=18)
+        for i, group in enumerate(groups):
+            rows = table if group is None else table[table[group_by] == group]
+            ax.scatter(rows[column], rows[metric], s=18, color=plt.cm.viridis(i / max(len(groups) - 1, 1)),
+                       label=None if group is None else f"{group} {group_label}".strip())
         ax.set_xlabel(column.removeprefix("config/"))
         if column.endswith("lr"):
             ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(numticks=4))  # decades only: no overlapping tick labels
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.spines[["top", "right"]].set_visible(False)
     axes[0][0].set_ylabel(metric)
+    if group_by:
+        axes[0][-1].legend(fontsize=7, title=group_label or group_by, title_fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     return fig

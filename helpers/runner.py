@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -41,15 +42,57 @@ def notebook_paths(root: Path | None = None, pattern: str = "[0-9][0-9]_*.ipynb"
     return sorted(((root or project_root()) / "notebooks").glob(pattern))
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _has_content(output: dict) -> bool:
+    if output.get("output_type") == "stream":
+        return bool("".join(output.get("text", "")).strip())
+    data = {k: v for k, v in output.get("data", {}).items() if k != WIDGET_VIEW}
+    return output.get("output_type") == "error" or any("".join(v).strip() if isinstance(v, (str, list)) else v
+                                                       for v in data.values())
+
+
 def strip_machine_metadata(path: Path) -> None:
-    """Remove papermill's paths, per-cell timings and widget state, so a committed notebook holds no machine facts."""
+    """Remove papermill's paths, per-cell timings, widget state and empty outputs from a notebook.
+
+    A committed notebook then holds no machine facts, nothing blank and no frozen widget.
+    """
     nb = json.loads(path.read_text())
     nb.get("metadata", {}).pop("papermill", None)
     nb.get("metadata", {}).pop("widgets", None)
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("papermill", None)
         cell.get("metadata", {}).pop("execution", None)
+        if "outputs" in cell:
+            for output in cell["outputs"]:
+                output.get("data", {}).pop(WIDGET_VIEW, None)
+            cell["outputs"] = [o for o in cell["outputs"] if _has_content(o)]
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
+def local_kernel_manager():
+    """A kernel manager that talks to the kernel over Unix sockets in a private folder where it can.
+
+    Over TCP (Jupyter's default) the kernel warns that its traffic is unencrypted; a local run needs
+    no network at all.
+    """
+    import tempfile
+
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import Unicode, default
+
+    if os.name != "posix":
+        return AsyncKernelManager
+
+    class LocalKernelManager(AsyncKernelManager):
+        transport = Unicode("ipc")
+
+        @default("ip")
+        def _socket_path(self) -> str:
+            return str(Path(tempfile.mkdtemp(prefix="kernel-")) / "ipc")
+
+    return LocalKernelManager
 
 
 def execute(notebook: Path, output: Path, parameters: dict | None = None,
@@ -57,12 +100,16 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     """Run one notebook with papermill (cwd = its folder) and classify the result."""
     import papermill
 
+    from helpers.notebook import HEADLESS_ENV
+
+    os.environ.setdefault(HEADLESS_ENV, "1")  # the kernel inherits it: progress bars print one final line
     started = time.perf_counter()
     status, message = "ok", ""
     try:
         papermill.execute_notebook(
             str(notebook), str(output), parameters=parameters or {}, cwd=str(notebook.parent),
             progress_bar=False, execution_timeout=cell_timeout, kernel_name="python3",
+            kernel_manager_class=local_kernel_manager(),
         )
     except papermill.PapermillExecutionError as err:
         status = "skipped" if err.ename == SKIP_MARKER else "failed"
@@ -74,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     """Execute every notebook, print the summary; exit 1 if any failed."""
     parser = argparse.ArgumentParser(prog="python -m helpers.runner", description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="run only notebooks whose name contains this text")
+    parser.add_argument("--before", metavar="NN", help="run only the notebooks numbered below NN (e.g. 04): what "
+                                                        "a learner joining at NN would have run")
     parser.add_argument("--in-place", action="store_true", help="refresh the committed notebooks' outputs")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="papermill parameter for every notebook (value parsed as JSON when it can be)")
@@ -90,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     for notebook in notebook_paths(root):
-        if args.only and args.only not in notebook.name:
+        skipped_by_choice = args.before and notebook.name[:2] >= args.before.zfill(2)
+        if (args.only and args.only not in notebook.name) or skipped_by_choice:
             continue
         print(f"running {notebook.name} ...", flush=True)
         run = execute(notebook, out_dir / notebook.name, parameters)

@@ -493,10 +493,38 @@ def ensure_stack(with_mlflow: bool = True) -> Settings:
     def external(name: str) -> bool:
         return not settings.sources.get(name, "stack").startswith("stack")
 
-    if external("s3_endpoint") and (not with_mlflow or external("mlflow_tracking_uri")):
-        return settings
-    up(with_mlflow=with_mlflow)
-    return load_settings()
+    if not (external("s3_endpoint") and (not with_mlflow or external("mlflow_tracking_uri"))):
+        up(with_mlflow=with_mlflow)
+        settings = load_settings()
+    print(services_line(settings, with_mlflow))
+    return settings
+
+
+def services_line(settings: Settings, with_mlflow: bool = True, state: Path | None = None) -> str:
+    """Which endpoint each service uses and why, in one line; says so when one hides a running embedded stack.
+
+    A ``.env`` written for docker compose keeps pointing at compose's ports after compose is gone:
+    this line is where a learner sees that it, not the embedded stack, won.
+    """
+    from helpers.config import _read_env_file
+
+    state = (state or state_dir()).resolve()
+    embedded = _read_env_file(_paths(state)["env"]) if _running(state, "seaweedfs") else {}
+    parts, hidden = [], []
+    services = [("object store", "s3_endpoint", "S3_ENDPOINT"),
+                ("MLflow", "mlflow_tracking_uri", "MLFLOW_TRACKING_URI")]
+    for name, field, variable in services[:2 if with_mlflow else 1]:
+        source, _, alias = settings.sources.get(field, "default").partition(":")
+        why = "embedded stack" if source == "stack" else f"{alias} from {source}"
+        parts.append(f"{name} {getattr(settings, field)} ({why})")
+        if source != "stack" and embedded.get(variable) and embedded[variable] != getattr(settings, field):
+            hidden.append(f"{alias} in {source}")
+    line = "Services: " + "; ".join(parts)
+    if hidden:
+        it = "it wins" if len(hidden) == 1 else "they win"
+        line += (f". The embedded stack is running too but is not used: {' and '.join(hidden)}; {it}. Remove "
+                 f"{it.split()[0]} to use the embedded stack.")
+    return line
 
 
 # --- command line --------------------------------------------------------------

@@ -87,7 +87,7 @@ def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     batch_size = int(config.get("batch_size", 64))
     client, run_id = start_child_run(config, model_config(config))
     try:
-        for epoch in range(int(config["epochs"])):
+        for epoch in range(1, int(config["epochs"]) + 1):  # epochs count from 1, as training_iteration does
             net.train()
             order = torch.randperm(len(x), generator=generator)
             total = 0.0

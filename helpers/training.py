@@ -247,13 +247,13 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
     run_id, mlflow_client = config.get("run_id"), worker_mlflow_client(config, rank)
 
     # After a failure Ray Train restarts the workers, and get_checkpoint() returns the last checkpoint.
-    start_epoch, history = 0, []
+    start_epoch, history = 1, []  # epochs count from 1, as in Ray Tune's training_iteration
     if ray.train.get_checkpoint():
         start_epoch, history = resume(ray.train.get_checkpoint(), module, optimizer, mlflow_client, run_id)
 
     shard = ray.train.get_dataset_shard("train")
     validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
-    for epoch in range(start_epoch, config["epochs"]):
+    for epoch in range(start_epoch, config["epochs"] + 1):
         maybe_fail(config, epoch, rank)
         net.train()
         loss_sum = correct = count = data_s = 0.0

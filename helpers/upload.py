@@ -15,10 +15,10 @@ import numpy as np
 from minio import Minio
 from minio.error import S3Error
 from PIL import Image
-from tqdm.auto import tqdm
 
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
+from helpers.notebook import progress_bar
 from helpers.storage import StorageError, ensure_bucket, get_client, object_store_errors, smoke_sizes, translate_error
 
 
@@ -76,7 +76,7 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         client.put_object(bucket, key, io.BytesIO(body), len(body), content_type=f"image/{image_format}")
 
     done = 0
-    bar = tqdm(total=len(items), desc=f"upload to {bucket}", unit="obj", disable=not progress)
+    bar = progress_bar(total=len(items), desc=f"upload to {bucket}", unit="obj", disable=not progress)
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         pending = {pool.submit(put, item) for item in items}
         try:

@@ -50,6 +50,15 @@ def test_up_twice_status_and_down(state):
 
     settings = load_settings(environ={}, stack_state=state)
     assert settings.s3_endpoint.startswith("http://127.0.0.1:") and settings.mlflow_tracking_uri
+    line = stack.services_line(settings, state=state)
+    assert line.count("(embedded stack)") == 2 and "not used" not in line
+    # the .env trap: a compose-era .env hides the running embedded stack, and the line says so
+    (state / "root").mkdir()
+    (state / "root" / ".env").write_text("S3_ENDPOINT=http://127.0.0.1:9000\n")
+    env_wins = load_settings(environ={}, root=state / "root", stack_state=state)
+    line = stack.services_line(env_wins, state=state)
+    assert "object store http://127.0.0.1:9000 (S3_ENDPOINT from .env)" in line
+    assert "embedded stack is running too but is not used: S3_ENDPOINT in .env; it wins. Remove it" in line
     client = storage.get_client(settings)
     storage.ensure_bucket(client, "persisted")
 

@@ -109,7 +109,7 @@ def test_parent_run_has_one_child_per_trial(sweep, settings):
         assert child.info.status == "FINISHED", "ended also when ASHA stopped the trial"
         steps = [s for s, _ in tracking.metric_history(settings.mlflow_tracking_uri, child.info.run_id,
                                                         "mean_accuracy")]
-        assert steps == list(range(len(steps))) and steps
+        assert steps == list(range(1, len(steps) + 1)) and steps, "epochs count from 1"
 
 
 def test_results_are_stored_in_the_bucket(sweep, client, tune_bucket):
@@ -143,4 +143,4 @@ def test_distributed_trials_run_ray_train_inside_tune(settings, tune_bucket, arr
     assert 0 < result.test_accuracy <= 1
     (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, result.parent_run_id)
     steps = [s for s, _ in tracking.metric_history(settings.mlflow_tracking_uri, child.info.run_id, "val_accuracy")]
-    assert steps == [0, 1]
+    assert steps == [1, 2]

@@ -57,7 +57,7 @@ def trained(settings, train_bucket):
 
 
 def test_loss_goes_down_over_epochs(trained):
-    assert [row["epoch"] for row in trained.history] == [0, 1, 2, 3, 4]
+    assert [row["epoch"] for row in trained.history] == [1, 2, 3, 4, 5]  # epochs count from 1
     assert trained.history[0]["train_loss"] > trained.history[-1]["train_loss"]
     assert all(row["samples"] == SMOKE for row in trained.history)  # both workers' shards, all-reduced
 
@@ -65,7 +65,7 @@ def test_loss_goes_down_over_epochs(trained):
 def test_reported_accuracy_equals_accuracy_recomputed_from_the_stored_checkpoint(trained, settings):
     path = trained.checkpoint_uri.removeprefix("s3://")
     net, state = training.load_checkpoint(ray.train.Checkpoint(path, filesystem=storage.s3_filesystem(settings)))
-    assert state["epoch"] == 4 and state["params"]["hidden_sizes"] == [64]
+    assert state["epoch"] == 5 and state["params"]["hidden_sizes"] == [64]
     recomputed = training.accuracy(training.predict(net, trained.test_images), trained.test_labels)
     assert recomputed == trained.test_accuracy
     assert trained.test_accuracy > 0.6  # smoke floor: 300 images, 5 epochs
@@ -86,7 +86,7 @@ def test_rank_0_logs_one_value_per_epoch_into_the_drivers_run(trained, settings)
     assert run.data.params["lr"] == "0.05" and run.data.params["epochs"] == "5"
     assert run.data.params["num_workers"] == "2" and run.data.params["hidden_sizes"] == "[64]"
     for key in ("train_loss", "train_accuracy"):
-        assert [step for step, _ in tracking.metric_history(uri, run_id, key)] == [0, 1, 2, 3, 4]
+        assert [step for step, _ in tracking.metric_history(uri, run_id, key)] == [1, 2, 3, 4, 5]
     logged = [value for _, value in tracking.metric_history(uri, run_id, "train_loss")]
     assert logged == pytest.approx([row["train_loss"] for row in trained.history])
 
@@ -94,17 +94,17 @@ def test_rank_0_logs_one_value_per_epoch_into_the_drivers_run(trained, settings)
 def test_a_killed_worker_resumes_from_the_checkpoint(settings, train_bucket, tmp_path):
     marker = tmp_path / "failed-once"
     result = train_and_test(settings, train_bucket, PARAMS, experiment="tests-train-fault",
-                            fail_at_epoch=1, fail_rank=1, fail_marker=str(marker))
+                            fail_at_epoch=2, fail_rank=1, fail_marker=str(marker))
     assert marker.exists(), "the fault fired"
-    assert [row["epoch"] for row in result.history] == [0, 1, 2, 3, 4]
+    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4, 5]
     steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, result.run_id, "train_loss")]
-    assert steps == [0, 1, 2, 3, 4], "every epoch logged exactly once"
+    assert steps == [1, 2, 3, 4, 5], "every epoch logged exactly once"
 
 
 def test_training_goes_on_when_mlflow_is_unreachable(settings, train_bucket, capfd):
     offline = dataclasses.replace(settings, mlflow_tracking_uri="http://127.0.0.1:9")
     result = train_and_test(offline, train_bucket, {**PARAMS, "epochs": 2}, num_workers=1, run_id="no-server")
-    assert [row["epoch"] for row in result.history] == [0, 1] and 0 < result.test_accuracy <= 1
+    assert [row["epoch"] for row in result.history] == [1, 2] and 0 < result.test_accuracy <= 1
     with pytest.raises(tracking.TrackingUnavailable, match="127.0.0.1:9.*python -m helpers.stack up"):
         tracking.connect(offline.mlflow_tracking_uri)
 
