@@ -112,7 +112,7 @@ def scatter_panels(table, columns: Sequence[str], metric: str, title: str, group
         for i, group in enumerate(groups):
             rows = table if group is None else table[table[group_by] == group]
             ax.scatter(rows[column], rows[metric], s=18, color=plt.cm.viridis(i / max(len(groups) - 1, 1)),
-                       label=None if group is None else f"{group} {group_label}".strip())
+                       label=None if group is None else str(group))
         ax.set_xlabel(column.removeprefix("config/"))
         if column.endswith("lr"):
             ax.set_xscale("log")

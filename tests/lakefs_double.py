@@ -697,7 +697,8 @@ class Handler(BaseHTTPRequestHandler):
         with state.lock:
             repo = state.repo(name)
             commit, staging = state.resolve(repo, ref)
-            entry = overlay(commit, staging).get(path)
+            # one lookup, not a copy of the whole tree: a full-size read loop makes 60,000 of these
+            entry = staging[path] if staging and path in staging else commit.tree.get(path)
         if entry is None:
             raise ApiError(HTTPStatus.NOT_FOUND, f"object not found: {path}")
         return entry
@@ -769,11 +770,9 @@ class Handler(BaseHTTPRequestHandler):
         tree = overlay(commit, staging)
         prefix = query.get("prefix", "")
         paths = sorted(p for p in tree if p.startswith(prefix))
-        rows = []
-        for path, is_prefix in group_prefixes(paths, prefix, query.get("delimiter", "")):
-            rows.append(models.ObjectStats(path=path, path_type="common_prefix", physical_address="",
-                                           checksum="", mtime=0) if is_prefix else object_stats(path, tree[path]))
-        page, pagination = paginate(rows, lambda s: s.path, query)
+        names, pagination = paginate(group_prefixes(paths, prefix, query.get("delimiter", "")), lambda r: r[0], query)
+        page = [models.ObjectStats(path=path, path_type="common_prefix", physical_address="", checksum="", mtime=0)
+                if is_prefix else object_stats(path, tree[path]) for path, is_prefix in names]  # this page only
         self._json(200, models.ObjectStatsList(pagination=pagination, results=page))
 
     def delete_object(self, state: LakeFSState, query: dict, name: str, branch_name: str) -> None:

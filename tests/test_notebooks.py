@@ -21,6 +21,9 @@ def run(name, tmp_path, **parameters):
     notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
     result = runner.execute(notebook, tmp_path / notebook.name, parameters)
     assert result.status == "ok", result.message
+    cells = json.loads(result.output.read_text())["cells"]
+    solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
+    assert solutions and all(c["execution_count"] for c in solutions), "every exercise's solution ran"
     return summary(result.output)
 
 

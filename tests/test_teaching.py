@@ -1,0 +1,114 @@
+"""The teaching layer of the committed notebooks: an opening block, exercises with hidden solutions, clean outputs."""
+
+import ipaddress
+import json
+import re
+
+import pytest
+
+from helpers import runner
+from helpers.config import project_root
+
+NOTEBOOKS = runner.notebook_paths()
+IP = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def cells(notebook) -> list[dict]:
+    return json.loads(notebook.read_text())["cells"]
+
+
+def text(cell) -> str:
+    return "".join(cell["source"])
+
+
+def test_there_are_six_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_each_notebook_opens_with_who_it_is_for_objectives_time_services_and_its_source(notebook):
+    opening = text(cells(notebook)[1])
+    assert opening.startswith("## Before you start")
+    for row in ("**For**", "**Know first**", "**Time**", "**Services**", "**Original article"):
+        assert row in opening, f"{notebook.name}: no {row} row"
+    assert "**After this notebook you can**" in opening
+    time_row = next(line for line in opening.splitlines() if line.startswith("| **Time**"))
+    assert "smoke size" in time_row and "full size" in time_row and "{" not in time_row, time_row
+    assert re.search(r"\d", time_row.split("smoke size")[0]), "a measured smoke-size time"
+    if notebook.name[:2] >= "02":
+        assert "```mermaid" in opening, "a diagram where the flow is the lesson"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_each_notebook_has_exercises_with_collapsed_solutions_before_its_summary(notebook):
+    all_cells = cells(notebook)
+    solutions = [i for i, c in enumerate(all_cells) if "solution" in c["metadata"].get("tags", [])]
+    assert len(solutions) >= 2, f"{notebook.name}: at least two exercises"
+    summary = next(i for i, c in enumerate(all_cells) if "summary" in c["metadata"].get("tags", []))
+    for i in solutions:
+        cell = all_cells[i]
+        assert cell["cell_type"] == "code" and cell["metadata"].get("jupyter", {}).get("source_hidden") is True
+        assert text(all_cells[i - 1]).startswith("**Exercise"), "each solution follows its exercise"
+        assert i < summary, "exercises run before the summary (which stops Ray)"
+        assert "#@save" not in text(cell), "a solution is never exported"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_committed_outputs_hold_no_machine_addresses_widgets_or_blanks(notebook):
+    nb = json.loads(notebook.read_text())
+    assert "widgets" not in nb["metadata"], "widget state"
+    for index, cell in enumerate(nb["cells"]):
+        for output in cell.get("outputs", []):
+            assert WIDGET_VIEW not in output.get("data", {}), f"cell {index}: a widget view"
+            assert runner._has_content(output), f"cell {index}: an empty output"
+            shown = json.dumps(output)
+            others = [ip for ip in IP.findall(shown) if _is_address(ip) and ip != "127.0.0.1"]
+            assert not others, f"cell {index}: addresses {others}"
+
+
+def _is_address(candidate: str) -> bool:
+    try:
+        ipaddress.IPv4Address(candidate)
+    except ValueError:
+        return False
+    return True
+
+
+def test_the_output_check_catches_what_it_must(tmp_path):
+    bad = {"cells": [{"cell_type": "code", "metadata": {}, "source": [], "execution_count": 1, "outputs": [
+        {"output_type": "stream", "name": "stdout", "text": ["{'node:192.0.2.2': 1.0}\n"]},
+        {"output_type": "display_data", "metadata": {}, "data": {"text/html": ["  "]}}]}],
+        "metadata": {"widgets": {"state": {}}}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "07_bad.ipynb"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(AssertionError, match="widget state"):
+        test_committed_outputs_hold_no_machine_addresses_widgets_or_blanks(path)
+    del bad["metadata"]["widgets"]
+    path.write_text(json.dumps(bad))
+    with pytest.raises(AssertionError, match="192.0.2.2"):
+        test_committed_outputs_hold_no_machine_addresses_widgets_or_blanks(path)
+    runner.strip_machine_metadata(path)  # the runner's clean-up drops the blank output, not the address
+    assert len(json.loads(path.read_text())["cells"][0]["outputs"]) == 1
+
+
+def test_readme_names_the_original_articles():
+    readme = (project_root() / "README.md").read_text()
+    sources = readme[readme.index("## Sources"):]
+    for title in ("Distributed Data Processing with Ray Data and MinIO",
+                  "Parallel ML Experimentation leveraging MinIO & lakeFS", "Ray Tune與Dataset"):
+        assert title in sources
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_every_cell_has_a_unique_id(notebook):
+    ids = [cell.get("id") for cell in cells(notebook)]
+    assert all(ids) and len(set(ids)) == len(ids), "nbformat 4.5 wants one id per cell"
+
+
+def test_catch_up_runs_only_the_notebooks_before_the_one_a_learner_joins_at(monkeypatch, capsys):
+    ran = []
+    monkeypatch.setattr(runner, "execute", lambda notebook, output, parameters: ran.append(notebook.name[:2])
+                        or runner.NotebookRun(notebook.name, "ok", 0.0, output))
+    assert runner.main(["--before", "04"]) == 0
+    assert ran == ["01", "02", "03"] and "03_ray_data_preprocessing.ipynb" in capsys.readouterr().out
