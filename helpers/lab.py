@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 
 from helpers import stack
-from helpers.config import project_root
+from helpers.config import project_root, state_dir
 
 
 def start_ray(cpus: int, port: int, dashboard_port: int) -> subprocess.Popen:
@@ -29,12 +29,16 @@ def start_ray(cpus: int, port: int, dashboard_port: int) -> subprocess.Popen:
     command = [ray or "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
                "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", f"--num-cpus={cpus}",
                "--disable-usage-stats"]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    log_path = state_dir() / "logs" / "ray-head.log"  # a file, never a pipe nobody reads during a long lab
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     url, deadline = f"http://127.0.0.1:{dashboard_port}/api/gcs_healthz", time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise stack.StackError(f"Ray did not start: {proc.stderr.read().decode(errors='replace')[-800:]}")
+            tail = log_path.read_text(errors="replace")[-800:]
+            raise stack.StackError(f"Ray did not start (log: {log_path}):\n{tail}")
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return proc

@@ -4,6 +4,7 @@ Run against the lakeFS named by LAKEFS_ENDPOINT when one is configured,
 otherwise against the lakeFS API test double (tests/lakefs_double.py).
 """
 
+import contextlib
 import dataclasses
 import json
 import socket
@@ -73,18 +74,25 @@ def test_a_second_import_of_the_same_sources_is_reused(repo, imported, source_bu
     assert again.reused and again.commit_id == imported[1].commit_id and again.objects == imported[1].objects
 
 
-def test_a_bucket_that_grew_is_imported_again(lk_settings, client):
-    with uploaded_bucket(client, "grow", 60) as name:
+@contextlib.contextmanager
+def repository_over_a_new_bucket(lk_settings, client, prefix: str, smoke_test_size: int):
+    """A fresh repository and a fresh bucket of ``smoke_test_size`` images; both removed afterwards."""
+    with uploaded_bucket(client, prefix, smoke_test_size) as name:
         repository = exp.ensure_repository(versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}",
-                                                  lk_settings)
+                                           lk_settings)
         try:
-            first = exp.import_from_bucket(repository, name, settings=lk_settings)
-            upload.upload_mnist(name, 120, client=client, progress=False)  # 60 + 10 more images arrive
-            second = exp.import_from_bucket(repository, name, settings=lk_settings)
-            assert (first.objects, second.objects) == (70, 140) and not second.reused
-            assert repository.ref(second.commit_id).get_commit().parents == [first.commit_id]
+            yield repository, name
         finally:
             repository.delete()
+
+
+def test_a_bucket_that_grew_is_imported_again(lk_settings, client):
+    with repository_over_a_new_bucket(lk_settings, client, "grow", 60) as (repository, name):
+        first = exp.import_from_bucket(repository, name, settings=lk_settings)
+        upload.upload_mnist(name, 120, client=client, progress=False)  # 60 + 10 more images arrive
+        second = exp.import_from_bucket(repository, name, settings=lk_settings)
+        assert (first.objects, second.objects) == (70, 140) and not second.reused
+        assert repository.ref(second.commit_id).get_commit().parents == [first.commit_id]
 
 
 def test_each_experiment_commits_three_files_with_params_and_recomputed_metrics(repo, experiments, imported):
@@ -285,18 +293,13 @@ def test_a_lakefs_on_another_object_store_is_named(lk_settings, client, source_b
 
 
 def test_a_forced_import_of_unchanged_data_commits_as_a_source_wins_merge(lk_settings, client):
-    with uploaded_bucket(client, "again", 60) as name:
-        repository = exp.ensure_repository(versioning.connect(lk_settings), f"t-{uuid.uuid4().hex[:10]}",
-                                           lk_settings)
-        try:
-            first = exp.import_from_bucket(repository, name, settings=lk_settings)
-            again = exp.import_from_bucket(repository, name, settings=lk_settings, force=True)
-            assert not again.reused and again.commit_id != first.commit_id and again.objects == first.objects
-            metadata = repository.ref(again.commit_id).get_commit().metadata
-            assert metadata[".lakefs.merge.strategy"] == "source-wins" and metadata["import_source"]
-            assert list(repository.ref(first.commit_id).diff(repository.ref(again.commit_id))) == []
-        finally:
-            repository.delete()
+    with repository_over_a_new_bucket(lk_settings, client, "again", 60) as (repository, name):
+        first = exp.import_from_bucket(repository, name, settings=lk_settings)
+        again = exp.import_from_bucket(repository, name, settings=lk_settings, force=True)
+        assert not again.reused and again.commit_id != first.commit_id and again.objects == first.objects
+        metadata = repository.ref(again.commit_id).get_commit().metadata
+        assert metadata[".lakefs.merge.strategy"] == "source-wins" and metadata["import_source"]
+        assert list(repository.ref(first.commit_id).diff(repository.ref(again.commit_id))) == []
 
 
 def test_branch_names_are_ascii_as_lakefs_requires(repo, imported):
