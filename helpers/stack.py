@@ -25,6 +25,8 @@ tell this stack from docker compose or a real cluster.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -37,6 +39,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -138,6 +141,56 @@ def free_ports(names: list[str]) -> dict[str, int]:
     return ports
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by the owner only (0600 from the start).
+
+    A reader sees the old file or the new one, never half of one: the text goes
+    to a temporary file in the same folder first, which then replaces ``path``.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.chmod(tmp, 0o600)  # an existing temporary file keeps its mode through O_CREAT
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _private_folder(folder: Path) -> None:
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)  # also a folder an older version created 0755
+
+
+@contextlib.contextmanager
+def state_lock(state: Path, timeout: float = 300.0) -> Iterator[None]:
+    """Hold the state folder's lock: one ``up`` or ``down`` at a time (two notebooks starting together wait in turn).
+
+    Raises:
+        StackError: another ``up``/``down`` held the lock for longer than ``timeout`` seconds.
+    """
+    _private_folder(state)
+    fd = os.open(state / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StackError(f"Another `python -m helpers.stack up` or `down` on {state} has been running "
+                                     f"for over {timeout:.0f} s. Wait for it, or stop it and run the command "
+                                     "again.") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def _http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -146,28 +199,39 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _our_process(pid: int, state: Path) -> psutil.Process | None:
-    """The process ``pid`` if it is alive and was started by this stack (its command names our state folder)."""
+def _our_process(record: dict, state: Path) -> psutil.Process | None:
+    """The recorded process if it is alive and is the one ``up`` started: same pid, start time and executable.
+
+    A pid alone is not enough: after a reboot or a crash the number can belong to any program.
+    """
     try:
-        proc = psutil.Process(pid)
+        proc = psutil.Process(record["pid"])
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        return proc if str(state) in " ".join(proc.cmdline()) else None
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        if abs(proc.create_time() - record["create_time"]) > 0.5 or proc.exe() != record["exe"]:
+            return None
+        return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError):
         return None
 
 
 def _running(state: Path, service: str) -> psutil.Process | None:
     """The service's process if its pid file names a live process of ours."""
-    pid = _read_pid(state, service)
-    return _our_process(pid, state) if pid is not None else None
+    record = _read_pid_record(state, service)
+    return _our_process(record, state) if record else None
+
+
+def _read_pid_record(state: Path, service: str) -> dict | None:
+    try:
+        record = json.loads((state / f"{service}.pid").read_text())
+    except (FileNotFoundError, ValueError):
+        return None  # absent, or written by an older version: treated as not running
+    return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
 
 
 def _read_pid(state: Path, service: str) -> int | None:
-    try:
-        return int((state / f"{service}.pid").read_text().strip())
-    except (FileNotFoundError, ValueError):
-        return None
+    record = _read_pid_record(state, service)
+    return record["pid"] if record else None
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -179,44 +243,82 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 # --- state: ports and keys ---------------------------------------------------
 
+RESET_HINT = "`python -m helpers.stack down` then delete {path} (or `make reset`, which deletes all the stack's data)"
+
+
+def check_ports(ports: dict[str, int], where: str = "") -> None:
+    """Raise :class:`StackError` unless every port is a whole number in 1-65535 and no two are the same."""
+    for name, port in ports.items():
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise StackError(f"Port {name}={port!r}{where} is not a port number: use a whole number from 1 to 65535.")
+    taken: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in taken:
+            raise StackError(f"Ports {taken[port]} and {name}{where} are both {port}: every service needs its own.")
+        taken[port] = name
+
+
+def _read_state_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise StackError(f"{path} is damaged ({err}). Reset it: {RESET_HINT.format(path=path)}.") from None
+    if not isinstance(data, dict):
+        raise StackError(f"{path} is damaged (not a JSON object). Reset it: {RESET_HINT.format(path=path)}.")
+    return data
+
+
 def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> dict[str, int]:
     path = _paths(state)["ports"]
+    if overrides:
+        check_ports(overrides)  # before anything is saved: a bad port must not stick
     ports = dict(DEFAULT_PORTS)
     if path.is_file():
-        ports.update(json.loads(path.read_text()))
+        saved = _read_state_json(path)
+        try:
+            check_ports({k: v for k, v in saved.items() if k in DEFAULT_PORTS}, where=f" in {path}")
+        except StackError as err:
+            raise StackError(f"{err} Reset it: {RESET_HINT.format(path=path)}.") from None
+        ports.update({k: v for k, v in saved.items() if k in DEFAULT_PORTS})
     ports.update(overrides or {})
-    path.write_text(json.dumps(ports, indent=2))
+    check_ports(ports)
+    write_private(path, json.dumps(ports, indent=2))
     return ports
 
 
 def _load_or_create_keys(state: Path) -> tuple[str, str]:
     path = _paths(state)["keys"]
     if path.is_file():
-        creds = json.loads(path.read_text())["identities"][0]["credentials"][0]
-        return creds["accessKey"], creds["secretKey"]
+        try:
+            creds = _read_state_json(path)["identities"][0]["credentials"][0]
+            return creds["accessKey"], creds["secretKey"]
+        except (KeyError, IndexError, TypeError):
+            raise StackError(f"{path} is damaged (no identities[0].credentials[0]). "
+                             f"Reset it: {RESET_HINT.format(path=path)}.") from None
     access, secret = "stack-" + secrets.token_hex(6), secrets.token_urlsafe(24)
     identities = {"identities": [{
         "name": "tutorial",
         "credentials": [{"accessKey": access, "secretKey": secret}],
         "actions": ["Admin", "Read", "List", "Tagging", "Write"],
     }]}
-    path.write_text(json.dumps(identities, indent=2))
-    path.chmod(0o600)
+    write_private(path, json.dumps(identities, indent=2))
     return access, secret
 
 
 def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
     path = _paths(state)["lakefs_keys"]
     if path.is_file():
-        return json.loads(path.read_text())
+        keys = _read_state_json(path)
+        if not {"access_key_id", "secret_access_key", "encrypt_secret"} <= set(keys):
+            raise StackError(f"{path} is damaged (a key is missing). Reset it: {RESET_HINT.format(path=path)}.")
+        return keys
     upper = string.ascii_uppercase + string.digits
     keys = {
         "access_key_id": "AKIAJ" + "".join(secrets.choice(upper) for _ in range(15)),  # lakeFS's key shape
         "secret_access_key": secrets.token_urlsafe(30),
         "encrypt_secret": secrets.token_urlsafe(32),
     }
-    path.write_text(json.dumps(keys, indent=2))
-    path.chmod(0o600)
+    write_private(path, json.dumps(keys, indent=2))
     return keys
 
 
@@ -238,9 +340,7 @@ def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str
             f"LAKEFS_ACCESS_KEY_ID={lakefs_keys['access_key_id']}",
             f"LAKEFS_SECRET_ACCESS_KEY={lakefs_keys['secret_access_key']}",
         ]
-    path = _paths(state)["env"]
-    path.write_text("\n".join(lines) + "\n")
-    path.chmod(0o600)
+    write_private(_paths(state)["env"], "\n".join(lines) + "\n")
 
 
 # --- starting one service ----------------------------------------------------
@@ -291,22 +391,25 @@ def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret
         "security": {"audit_check_url": "", "check_latest_version": False},
     }
     path = _paths(state)["lakefs_config"]
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    path.chmod(0o600)
+    write_private(path, yaml.safe_dump(config, sort_keys=False))
     return path
 
 
 def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    log = open(_paths(state)["logs"] / f"{service}.log", "ab")  # noqa: SIM115 - handed to the child
+    log = os.fdopen(os.open(_paths(state)["logs"] / f"{service}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                    "ab")
     # LAKEFS_* variables are lakeFS configuration overrides: keep the client's ones away from the server
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
     proc = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         cwd=state, env={**inherited, **(env or {})},
         start_new_session=True,  # own process group: `down` stops it and its children together
+        umask=0o077,  # databases, volumes and logs the service creates: the owner's only
     )
     log.close()
-    (state / f"{service}.pid").write_text(str(proc.pid))
+    me = psutil.Process(proc.pid)
+    write_private(state / f"{service}.pid",
+                  json.dumps({"pid": proc.pid, "create_time": me.create_time(), "exe": me.exe()}))
     return proc
 
 
@@ -386,9 +489,15 @@ def up(
         StackError: a service failed to start (shows the end of its log).
     """
     state = (state or state_dir()).resolve()
+    with state_lock(state):
+        return _up(state, ports, with_mlflow, timeout, with_lakefs)
+
+
+def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
+        with_lakefs: bool) -> list[ServiceStatus]:
     paths = _paths(state)
-    for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent):
-        folder.mkdir(parents=True, exist_ok=True)
+    for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
+        _private_folder(folder)
     ports = _load_or_choose_ports(state, ports)
     access, secret = _load_or_create_keys(state)
     lakefs = lakefs_binary.find() if with_lakefs else None
@@ -409,7 +518,7 @@ def up(
     if lakefs is not None and lakefs_keys is not None:
         def prepare_lakefs() -> None:
             _ensure_bucket(settings, LAKEFS_BUCKET)
-            paths["lakefs_db"].mkdir(parents=True, exist_ok=True)
+            _private_folder(paths["lakefs_db"])
 
         ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",
                                              str(_lakefs_config(state, ports, access, secret, lakefs_keys))],
@@ -424,7 +533,7 @@ def status(state: Path | None = None) -> list[ServiceStatus]:
     """Health of each service: running under our pid, and answering its health URL."""
     state = (state or state_dir()).resolve()
     ports_file = _paths(state)["ports"]
-    ports = json.loads(ports_file.read_text()) if ports_file.is_file() else dict(DEFAULT_PORTS)
+    ports = _read_state_json(ports_file) if ports_file.is_file() else dict(DEFAULT_PORTS)
     ports = {**DEFAULT_PORTS, **ports}
     urls = {service: f"http://127.0.0.1:{ports[port]}" for service, port in
             (("seaweedfs", "s3"), ("mlflow", "mlflow"), ("lakefs", "lakefs"))}
@@ -448,24 +557,42 @@ def down(state: Path | None = None, timeout: float = 20.0) -> list[str]:
         Names of the services that were stopped.
     """
     state = (state or state_dir()).resolve()
+    if not state.is_dir():
+        return []
     stopped = []
-    for service in reversed(SERVICES):
-        proc = _running(state, service)
-        if proc is not None:
-            _stop_group(proc, timeout)
-            stopped.append(service)
-        (state / f"{service}.pid").unlink(missing_ok=True)
+    with state_lock(state):
+        for service in reversed(SERVICES):
+            proc = _running(state, service)
+            if proc is not None:
+                _stop_group(proc, timeout)
+                stopped.append(service)
+            (state / f"{service}.pid").unlink(missing_ok=True)
     return stopped
 
 
+def _process_group(proc: psutil.Process) -> list[psutil.Process]:
+    """The service and every process of its process group (``up`` starts each service in a group of its own)."""
+    try:
+        group = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return []
+    members = {proc.pid: proc}
+    for other in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(other.pid) == group:
+                members[other.pid] = other
+    with contextlib.suppress(psutil.Error):
+        members.update({child.pid: child for child in proc.children(recursive=True)})
+    return list(members.values())
+
+
 def _stop_group(proc: psutil.Process, timeout: float) -> None:
-    members = [proc, *proc.children(recursive=True)]
+    """SIGTERM the service's whole process group (workers it forked too), SIGKILL what is left after ``timeout``."""
+    members = _process_group(proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for member in members:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 member.send_signal(sig)
-            except psutil.NoSuchProcess:
-                pass
         _, alive = psutil.wait_procs(members, timeout=timeout)
         if not alive:
             return
@@ -566,9 +693,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "up":
             internal = [n for n in _seaweed_port_names() if n != "s3"]
-            overrides = {n: args.port_base + i for i, n in enumerate(internal)} if args.port_base else {}
+            overrides = {n: args.port_base + i for i, n in enumerate(internal)} if args.port_base is not None else {}
             named = {"s3": args.s3_port, "mlflow": args.mlflow_port, "lakefs": args.lakefs_port}
-            overrides.update({name: port for name, port in named.items() if port})
+            overrides.update({name: port for name, port in named.items() if port is not None})
             started = time.monotonic()
             if args.download_lakefs and not args.no_lakefs and lakefs_binary.find() is None:
                 _download_lakefs_or_say_why_not()

@@ -2,6 +2,7 @@
 
 import http.server
 import io
+import json
 import os
 import socket
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import tarfile
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -88,14 +90,124 @@ def test_port_in_use_is_named(state):
 
 
 def test_down_stops_only_what_up_started(state):
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A stranger whose command line even names the state folder (as a `.stack-dev` would contain `.stack`).
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(state)])
     try:
-        (state / "seaweedfs.pid").write_text(str(stranger.pid))  # a pid that is not ours
+        (state / "seaweedfs.pid").write_text(str(stranger.pid))  # a bare pid: not a record of ours
+        (state / "mlflow.pid").write_text(json.dumps(  # the right pid and executable, another start time
+            {"pid": stranger.pid, "exe": psutil.Process(stranger.pid).exe(), "create_time": 1.0}))
         assert stack.down(state) == []
         assert stranger.poll() is None
     finally:
         stranger.kill()
         stranger.wait()
+
+
+# A service that forks a worker into its own process group and then a grandchild that outlives its parent,
+# as MLflow's server does with its workers: `down` must stop them all, or the orphan keeps the port.
+FORKING_SERVICE = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); time.sleep(0.5)"])
+time.sleep(120)
+"""
+
+
+def test_down_stops_the_service_s_whole_process_group_orphans_included(state):
+    (state / "logs").mkdir()
+    proc = stack._start("mlflow", [sys.executable, "-c", FORKING_SERVICE], state)
+    deadline = time.monotonic() + 20
+    group = []
+    while time.monotonic() < deadline:
+        group = [p for p in psutil.process_iter() if _pgid(p) == proc.pid and p.status() != psutil.STATUS_ZOMBIE]
+        if len(group) == 2 and all(p.ppid() != proc.pid for p in group if p.pid != proc.pid):
+            break  # the service and an orphan that is no longer its child
+        time.sleep(0.2)
+    assert len(group) == 2, "the forking service did not leave an orphan"
+    orphan = next(p for p in group if p.pid != proc.pid)
+    assert stack.down(state) == ["mlflow"]
+    assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+    proc.wait(timeout=10)
+
+
+def _pgid(p: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(p.pid)
+    except (ProcessLookupError, psutil.Error):
+        return None
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--s3-port", "0"], "s3=0 is not a port number"),
+    (["--mlflow-port", "70000"], "mlflow=70000 is not a port number"),
+    (["--port-base", "65530"], "is not a port number"),
+])
+def test_a_bad_port_is_refused_in_one_line_and_never_saved(state, args, message):
+    result = cli("up", "--no-mlflow", "--no-lakefs", *args, state=state)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr and "1 to 65535" in result.stderr
+    assert not (state / "ports.json").exists()
+
+
+def test_two_services_on_one_port_are_refused(state):
+    port = private_ports()["s3"]
+    result = cli("up", "--s3-port", str(port), "--mlflow-port", str(port), state=state)
+    assert result.returncode == 1 and "both" in result.stderr and "its own" in result.stderr
+    assert not (state / "ports.json").exists()
+
+
+@pytest.mark.parametrize("name, text", [
+    ("ports.json", "{not json"),
+    ("ports.json", '{"s3": "eighty"}'),
+    ("s3-identities.json", '{"identities": []}'),
+    ("lakefs-keys.json", "[1, 2]"),
+])
+def test_damaged_state_files_name_the_file_and_the_reset(state, name, text, monkeypatch):
+    monkeypatch.setattr(lakefs_binary, "find", lambda: Path("/bin/true"))  # so the lakeFS keys are read too
+    (state / name).write_text(text)
+    with pytest.raises(stack.StackError) as err:
+        stack.up(state, ports=private_ports(), with_mlflow=False)
+    assert name in str(err.value) and "make reset" in str(err.value)
+    assert (state / name).read_text() == text  # reported, not overwritten
+    assert not (state / "seaweedfs.pid").exists()  # nothing was started
+
+
+def _modes(root):
+    return {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")] if not p.is_symlink()}
+
+
+@pytest.mark.slow
+def test_two_ups_at_once_start_one_stack_and_every_state_file_is_private(state):
+    stack.write_private(state / "ports.json", json.dumps(private_ports()))
+    runs = [subprocess.Popen([sys.executable, "-m", "helpers.stack", "up", "--no-lakefs", "--state-dir", str(state)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=180) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    started = [out for out, _ in outputs if "started" in out]
+    assert len(started) == 1, outputs  # the second waited for the lock, then found the services running
+    weeds = [p for p in psutil.process_iter(["cmdline"]) if any(str(state) in a for a in p.info["cmdline"] or [])]
+    assert len([p for p in weeds if "mini" in p.info["cmdline"]]) == 1
+    env = load_settings(environ={}, stack_state=state)
+    assert storage.get_client(env).bucket_exists("mlflow")  # both services work
+
+    modes = _modes(state)
+    loose = {path: oct(mode) for path, mode in modes.items() if mode & 0o077}
+    assert not loose, f"readable by others: {loose}"
+    for name in ("stack.env", "ports.json", "s3-identities.json", "seaweedfs.pid", "logs/mlflow.log",
+                 "mlflow/mlflow.db"):
+        assert modes[name] == 0o600, name
+    assert modes["."] == modes["logs"] == 0o700
+    assert sorted(stack.down(state)) == ["mlflow", "seaweedfs"]
+    assert not [p for p in weeds if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_state_files_are_replaced_whole_and_private(tmp_path):
+    target = tmp_path / "stack.env"
+    target.write_text("old")
+    target.chmod(0o644)
+    stack.write_private(target, "new")
+    assert target.read_text() == "new" and target.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["stack.env"]  # no temporary file left behind
 
 
 @pytest.mark.slow
