@@ -46,6 +46,21 @@ def quiet_ray() -> None:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
+def loopback_only() -> None:
+    """Make a local Ray listen on 127.0.0.1 only, never on the machine's network address.
+
+    Ray picks the address other machines would reach for a cluster; a laptop's Ray
+    needs none, and its GCS, raylet and object manager should not be reachable from the
+    network. Ray's own switch for this (loopback on macOS and Windows) is read when
+    ``ray`` is imported, so it is set on the imported module; the processes Ray starts
+    are handed the address the driver chose. Not through the environment: there it
+    would also stop any ``ray start`` run from this process from joining a cluster.
+    """
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quiet: bool = True,
              dashboard: bool = False, log_to_driver: bool = False) -> dict[str, Any]:
     """Start or join Ray with the service settings passed to every worker (notebooks 03-06).
@@ -74,6 +89,8 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
         import helpers
 
         runtime_env["py_modules"] = [str(Path(helpers.__file__).parent)]
+    if address == "local":
+        loopback_only()
     ray.init(
         address=address,
         num_cpus=num_cpus if address == "local" else None,
@@ -83,6 +100,11 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
         runtime_env=runtime_env,
         ignore_reinit_error=True,
     )
+    import ray.data
+
+    # A map function's own error (an object that is not an image, say) reaches the driver as itself,
+    # not wrapped in "UDF failed to process a data block": the notebooks show it in one line.
+    ray.data.DataContext.get_current().raise_original_map_exception = True
     if quiet:
         quiet_ray()
     return ray.cluster_resources()

@@ -59,6 +59,34 @@ class ParameterError(ValueError):
     """A function was called with a bad parameter value; the message says the allowed values."""
 
 
+def check_count(name: str, value: object, maximum: int, minimum: int = 1) -> int:
+    """``value`` as an int when it is a whole number in ``[minimum, maximum]``, else one :class:`ParameterError`.
+
+    Thread, worker, actor and epoch counts all go through here, before any I/O: a pool of
+    size 0 would otherwise wait forever for a free slot.
+    """
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ParameterError(f"{name} must be a whole number from {minimum} to {maximum:,}, not {value!r}.")
+    if not minimum <= value <= maximum:
+        raise ParameterError(f"{name}={value} is out of range: use a whole number from {minimum} to {maximum:,}.")
+    return int(value)
+
+
+def check_positive(name: str, value: object, maximum: float | None = None) -> float:
+    """``value`` as a float when it is a number above 0 (and at most ``maximum``), else one :class:`ParameterError`."""
+    import math
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ParameterError(f"{name} must be a number above 0, not {value!r}.")
+    if value <= 0 or (maximum is not None and value > maximum):
+        allowed = f"above 0 and at most {maximum}" if maximum is not None else "above 0"
+        raise ParameterError(f"{name}={value} is out of range: use a number {allowed}.")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where every service lives and how to log in to it.

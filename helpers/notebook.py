@@ -80,9 +80,33 @@ def setup(quiet: bool = True) -> None:
 
     def one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
         # Still an error (with its name) for papermill and nbval; only the display is shortened.
-        shell.showtraceback((etype, value, tb), exception_only=True)
+        error = user_error(value)
+        shell.showtraceback((type(error), error, None), exception_only=True)
 
     shell.set_custom_exc(USER_ERRORS, one_line)
+
+
+def user_error(value: BaseException) -> BaseException:
+    """The error a user should read: for an error raised in a Ray worker, the worker's own error.
+
+    Ray re-raises a worker's ``ObjectDecodeError`` in the driver as a class that is both a
+    ``RayTaskError`` and an ``ObjectDecodeError``, whose text is the worker's whole traceback;
+    ``.cause`` is the original, whose first line names the object and the fix (Ray Data appends
+    its retry advice below it).
+    """
+    cause = getattr(value, "cause", None)
+    if not isinstance(cause, USER_ERRORS):
+        return value
+    try:
+        return type(cause)(str(cause).split("\n", 1)[0])
+    except TypeError:  # an error class that takes other arguments: shown as it is
+        return cause
+
+
+def user_error_line(value: BaseException) -> str:
+    """The one line a notebook shows for a user error: ``<ErrorName>: <message>``."""
+    error = user_error(value)
+    return f"{type(error).__name__}: {error}"
 
 
 @contextlib.contextmanager

@@ -16,9 +16,9 @@ import numpy as np
 from PIL import Image
 
 from helpers.cluster import init_ray
-from helpers.config import ParameterError, Settings, load_settings
+from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data
-from helpers.storage import ObjectDecodeError, StorageError, get_client, read_object, s3_filesystem
+from helpers.storage import ObjectDecodeError, ObjectMissing, StorageError, get_client, read_object, s3_filesystem
 
 
 def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None):
@@ -77,22 +77,29 @@ def decode_images(bodies: Sequence[bytes]) -> np.ndarray:
     return normalise(np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies]))
 
 
+REPAIR_HINT = ("Repair it: run helpers.upload.upload_mnist(bucket, smoke_test_size) again (notebook 01), which "
+               "re-uploads every object that differs from MNIST, or delete the object.")
+
+
 def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
     """One object fetched and decoded to ``uint8 [28, 28]``.
 
     Raises:
         ObjectDecodeError: the object is missing or not a 28x28 image; the message names its key.
+        StorageError: the store is unreachable or refuses the keys (never skipped: that is an outage).
     """
     try:
         body = read_object(client, bucket, key)
-    except StorageError as err:
+    except ObjectMissing as err:  # one object: skippable; an outage or a wrong key is not, and raises as it is
         raise ObjectDecodeError(f"Object '{key}' could not be fetched: {err}") from None
     try:
         image = np.asarray(Image.open(io.BytesIO(body)).convert("L"))
     except Exception as err:
-        raise ObjectDecodeError(f"Object '{key}' is not a readable image ({type(err).__name__}: {err}).") from None
+        raise ObjectDecodeError(f"Object '{key}' in bucket '{bucket}' is not a readable image "
+                                f"({type(err).__name__}). {REPAIR_HINT}") from None
     if image.shape != (28, 28):
-        raise ObjectDecodeError(f"Object '{key}' is {image.shape[1]}x{image.shape[0]} pixels, not 28x28.")
+        raise ObjectDecodeError(f"Object '{key}' in bucket '{bucket}' is {image.shape[1]}x{image.shape[0]} pixels, "
+                                f"not 28x28. {REPAIR_HINT}")
     return image
 
 
@@ -204,6 +211,9 @@ class ObjectPreprocessor:
 def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: int = 2, threads: int = 16,
                            skip_counter_name: str | None = None, log_dir: str | None = None):
     """Lazily map a pointer dataset to image tensors with a pool of ``num_actors`` actors (notebooks 03-06)."""
+    check_count("batch_size", batch_size, 100_000)
+    check_count("num_actors", num_actors, 1024)
+    check_count("threads", threads, 256)
     with warnings.catch_warnings():
         # max_restarts is a plain remote argument in this Ray version, which warns about those.
         warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
@@ -249,23 +259,51 @@ def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarra
     return {"key": batch["X"], "label": np.asarray(batch["y"], dtype=np.int64), "image": np.array(bodies, dtype=object)}
 
 
+CURRENT_FILE = "CURRENT"  # names the folder of the complete set of shards
+
+
 def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4,
                         settings: Settings | None = None) -> str:
-    """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/``.
+    """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/<version>/``.
 
     Each row holds the key, the label and the encoded image bytes. The new
-    shards go to a fresh folder first; the old ones are removed only after.
+    shards go to a fresh folder; only when all are written does
+    ``packed/<split>/CURRENT`` name it, and then older folders are removed.
+    An interrupted packing leaves the previous shards readable.
 
     Returns:
-        The path (``<bucket>/packed/<split>``) :func:`read_parquet_dataset` reads.
+        The folder (``<bucket>/packed/<split>/<version>``) :func:`read_parquet_dataset` now reads.
     """
+    from pyarrow import fs
+
+    check_count("num_shards", num_shards, 10_000)
     settings = settings or load_settings()
     filesystem = s3_filesystem(settings)
-    path = f"{bucket}/{PACKED_PREFIX}/{split}"
-    filesystem.delete_dir_contents(path, missing_dir_ok=True)
+    base = f"{bucket}/{PACKED_PREFIX}/{split}"
+    version = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
     rows = ds.map_batches(fetch_rows, batch_size=1000, fn_kwargs={"bucket": bucket})
-    rows.repartition(num_shards).write_parquet(path, filesystem=filesystem)
-    return path
+    rows.repartition(num_shards).write_parquet(f"{base}/{version}", filesystem=filesystem)
+    with filesystem.open_output_stream(f"{base}/{CURRENT_FILE}") as out:  # the swap: one small PUT
+        out.write(version.encode())
+    for old in filesystem.get_file_info(fs.FileSelector(base)):
+        if old.type == fs.FileType.Directory and old.base_name != version:
+            filesystem.delete_dir(old.path)
+    return f"{base}/{version}"
+
+
+def packed_path(bucket: str, split: str = "train", settings: Settings | None = None) -> str:
+    """The folder of the current packed shards of ``split``.
+
+    Raises:
+        StorageError: nothing was packed yet (the message names the call that packs).
+    """
+    base = f"{bucket}/{PACKED_PREFIX}/{split}"
+    try:
+        with s3_filesystem(settings).open_input_stream(f"{base}/{CURRENT_FILE}") as current:
+            return f"{base}/{current.read().decode().strip()}"
+    except FileNotFoundError:
+        raise StorageError(f"No packed shards under {base}/: pack them first with "
+                           "pack_parquet_shards(ds, bucket) (notebook 03).") from None
 
 
 def decode_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -277,7 +315,7 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     """The packed shards via ``ray.data.read_parquet``, decoded to the same batches as the other readers."""
     import ray.data
 
-    ds = ray.data.read_parquet(f"{bucket}/{PACKED_PREFIX}/{split}", filesystem=s3_filesystem(settings))
+    ds = ray.data.read_parquet(packed_path(bucket, split, settings), filesystem=s3_filesystem(settings))
     return ds.select_columns(["label", "image"]).map_batches(decode_packed, batch_size=1000)
 
 
@@ -293,6 +331,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
 
     The training pointers are shuffled (seeded) first.
     """
+    check_count("num_actors", num_actors, 1024)
     settings = settings or load_settings()
     init_ray(settings)
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",

@@ -225,8 +225,21 @@ def _read_pid_record(state: Path, service: str) -> dict | None:
     try:
         record = json.loads((state / f"{service}.pid").read_text())
     except (FileNotFoundError, ValueError):
-        return None  # absent, or written by an older version: treated as not running
+        return None
+    if isinstance(record, int):  # a bare pid, written by an older version while its services still run
+        return _legacy_record(record, state)
     return record if isinstance(record, dict) and isinstance(record.get("pid"), int) else None
+
+
+def _legacy_record(pid: int, state: Path) -> dict | None:
+    """A full record for a bare pid whose command line names a path inside the state folder, else None."""
+    try:
+        proc = psutil.Process(pid)
+        if f"{state}/" not in " ".join(proc.cmdline()):  # ".stack/" is not inside ".stack-dev/"
+            return None
+        return {"pid": pid, "create_time": proc.create_time(), "exe": proc.exe()}
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
 
 
 def _read_pid(state: Path, service: str) -> int | None:

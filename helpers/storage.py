@@ -10,7 +10,9 @@ parameter checks, and a ``pyarrow`` S3 filesystem for Ray's readers.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
+import re
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,7 +21,7 @@ from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
-from helpers.config import ParameterError, Settings, load_settings
+from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.mnist import TEST_SIZE, TRAIN_SIZE
 
 
@@ -47,6 +49,27 @@ class ObjectDecodeError(StorageError):
     """An object could not be fetched or decoded; the message names its key."""
 
 
+class ObjectMissing(StorageError):
+    """One object is not in the bucket (the store itself answered)."""
+
+
+# Buckets the tutorial's own state lives in: deleting one needs force=True.
+PROTECTED_BUCKETS = frozenset({"mnist", "mlflow", "lakefs"})
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+BUCKET_RULES = ("3-63 characters of lowercase letters, digits, dots and hyphens, starting and ending with a "
+                "letter or digit, no '..', not an IP address")
+
+
+def check_bucket_name(bucket: object) -> str:
+    """``bucket`` when it follows the S3 naming rules, else one :class:`ParameterError` quoting them."""
+    if not isinstance(bucket, str) or not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
+        raise ParameterError(f"{bucket!r} is not a valid bucket name: S3 bucket names are {BUCKET_RULES}.")
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(bucket)
+        raise ParameterError(f"{bucket!r} is not a valid bucket name: S3 bucket names are {BUCKET_RULES}.")
+    return bucket
+
+
 def get_client(settings: Settings | None = None, max_connections: int = 32, retries: int = 2) -> Minio:
     """A MinIO SDK client for the configured object store (notebooks 01-03).
 
@@ -59,6 +82,8 @@ def get_client(settings: Settings | None = None, max_connections: int = 32, retr
     Raises:
         ConfigError: no object store is configured (the message names the fix).
     """
+    check_count("max_connections", max_connections, 1024)
+    check_count("retries", retries, 20, minimum=0)
     settings = settings or load_settings()
     settings.require_object_store()
     http = urllib3.PoolManager(
@@ -115,7 +140,13 @@ def bucket_not_found(endpoint: str, bucket: str | None) -> BucketNotFound:
 
 @contextlib.contextmanager
 def object_store_errors(client: Minio, bucket: str | None = None) -> Iterator[None]:
-    """Re-raise SDK/network errors inside the block as one clear :class:`StorageError`."""
+    """Re-raise SDK/network errors inside the block as one clear :class:`StorageError`.
+
+    Raises:
+        ParameterError: ``bucket`` breaks the S3 naming rules (checked before any request).
+    """
+    if bucket is not None:
+        check_bucket_name(bucket)
     try:
         yield
     except (S3Error, urllib3.exceptions.HTTPError, ConnectionError) as err:
@@ -134,8 +165,16 @@ def ensure_bucket(client: Minio, bucket: str) -> bool:
         return True
 
 
-def delete_bucket(client: Minio, bucket: str) -> int:
-    """Delete every object of ``bucket`` and then the bucket. Returns the number of objects deleted."""
+def delete_bucket(client: Minio, bucket: str, force: bool = False) -> int:
+    """Delete every object of ``bucket`` and then the bucket. Returns the number of objects deleted.
+
+    Raises:
+        ParameterError: ``bucket`` holds the tutorial's data, MLflow's artifacts or lakeFS's repositories
+            (:data:`PROTECTED_BUCKETS`) and ``force`` is not True.
+    """
+    if bucket in PROTECTED_BUCKETS and force is not True:
+        raise ParameterError(f"Bucket '{bucket}' holds the tutorial's data, MLflow artifacts or lakeFS "
+                             "repositories: pass force=True to delete it anyway.")
     with object_store_errors(client, bucket):
         if not client.bucket_exists(bucket):
             return 0
@@ -179,7 +218,7 @@ def read_object(client: Minio, bucket: str, key: str) -> bytes:
             response = client.get_object(bucket, key)
         except S3Error as err:
             if err.code == "NoSuchKey":
-                raise StorageError(f"Object '{key}' is missing from bucket '{bucket}'.") from None
+                raise ObjectMissing(f"Object '{key}' is missing from bucket '{bucket}'.") from None
             raise
         try:
             return response.read()

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import ipaddress
 import json
 import os
 import socket
@@ -17,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import cluster, listing, preprocess, storage, upload
+from helpers import cluster, listing, notebook, preprocess, storage, upload
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
 
@@ -109,10 +110,59 @@ def broken_bucket(client):
 
 
 @pytest.mark.parametrize("method", ["tasks", "actors"])
-def test_a_corrupt_object_fails_naming_its_key(ray_local, broken_bucket, client, method):
+def test_a_corrupt_object_fails_in_one_line_naming_its_key_and_the_repair(ray_local, broken_bucket, client, method):
     x, y, *_ = listing.get_train_test_data(broken_bucket, listing="parallel", client=client)
-    with pytest.raises(Exception, match="train/3/corrupt.png"):
+    with pytest.raises(storage.ObjectDecodeError) as err:  # the worker's own error, not Ray's UserCodeException
         run_preprocessing(preprocess.to_ray_dataset(x, y), broken_bucket, method, batch_size=16).materialize()
+    line = notebook.user_error_line(err.value)  # what a notebook shows
+    assert "\n" not in line and line.startswith("ObjectDecodeError: Object 'train/3/corrupt.png'")
+    assert "is not a readable image" in line and "upload_mnist" in line
+
+
+@pytest.mark.parametrize("fault", ["wrong secret", "stopped server"])
+def test_skip_mode_never_skips_an_outage(ray_local, broken_bucket, monkeypatch, fault):
+    # Skipping is for one bad object; a store that is down or refuses the keys must stop the run.
+    counter = f"skips-{uuid.uuid4().hex[:8]}"
+    if fault == "wrong secret":
+        monkeypatch.setenv("S3_SECRET_KEY", "not-the-secret")
+        expected = storage.BadCredentials
+    else:
+        monkeypatch.setenv("S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+        expected = storage.ObjectStoreUnreachable
+    worker = preprocess.ObjectPreprocessor(broken_bucket, threads=2, skip_counter_name=counter)
+    batch = {"X": np.array(["train/5/00000.png", "train/3/corrupt.png"]), "y": np.array([5, 3])}
+    with pytest.raises(expected):
+        worker(batch)
+    with pytest.raises(expected):
+        preprocess.preprocess_batch(batch, broken_bucket, skip_counter_name=counter)
+    assert preprocess.skipped_keys(counter) == []
+
+
+def test_repacking_swaps_in_the_new_shards_only_when_all_are_written(ray_local, dataset_bucket, pointers, client):
+    x, y = pointers
+    first = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:100], y[:100]), dataset_bucket, num_shards=2)
+    assert preprocess.packed_path(dataset_bucket) == first
+    with pytest.raises(storage.StorageError, match="train/7/gone.png"):  # a packing that fails half-way
+        preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:100] + ["train/7/gone.png"], y[:100] + [7]),
+                                       dataset_bucket, num_shards=2)
+    assert preprocess.read_parquet_dataset(dataset_bucket).count() == 100  # the old shards are still whole
+    second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:50], y[:50]), dataset_bucket, num_shards=2)
+    assert second != first and preprocess.read_parquet_dataset(dataset_bucket).count() == 50
+    folders = {o.object_name.split("/")[2] for o in client.list_objects(dataset_bucket, prefix="packed/train/",
+                                                                       recursive=True)} - {""}  # folder markers
+    assert folders == {"CURRENT", second.rsplit("/", 1)[1]}  # the failed and the replaced folders are gone
+
+
+@pytest.mark.parametrize("call", [
+    lambda: preprocess.preprocess_with_actors(None, "b", num_actors=0),
+    lambda: preprocess.preprocess_with_actors(None, "b", threads=-1),
+    lambda: preprocess.preprocess_with_actors(None, "b", batch_size=0),
+    lambda: preprocess.pack_parquet_shards(None, "b", num_shards=0),
+    lambda: preprocess.load_datasets("b", 10, num_actors="2"),
+])
+def test_counts_below_one_are_refused_before_any_work(call):
+    with pytest.raises(ParameterError, match="whole number from 1"):
+        call()
 
 
 def test_a_missing_object_fails_naming_its_key(ray_local, dataset_bucket):
@@ -244,3 +294,15 @@ def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():
     assert xs != x and sorted(xs) == sorted(x)
     assert all(key.split("/")[1] == str(label) for key, label in zip(xs, ys, strict=True))
     assert preprocess.shuffle_pointers(x, y, seed=3) == (xs, ys)
+
+
+def test_a_local_ray_listens_on_loopback_only(ray_local):
+    import ray
+
+    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+    ours = {p.pid for p in psutil.Process().children(recursive=True)} | {os.getpid()}
+    listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert listening, "Ray's processes listen somewhere"
+    exposed = [f"{c.laddr.ip}:{c.laddr.port}" for c in listening
+               if not ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:")).is_loopback]
+    assert not exposed, f"reachable from the network: {exposed}"
