@@ -13,7 +13,7 @@ from minio import Minio
 from minio.error import S3Error
 from PIL import Image
 
-from helpers.config import ParameterError
+from helpers.config import ParameterError, check_count
 from helpers.storage import (MalformedKeyError, StorageError, bucket_not_found, endpoint_of, get_client,
                              object_store_errors, read_object, smoke_sizes)
 from helpers.upload import MANIFEST_KEY, SPLITS
@@ -53,7 +53,15 @@ def fetch_image(bucket: str, key: str, client: Minio | None = None) -> np.ndarra
 
 
 def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, max_workers: int = 20) -> list[str]:
-    """Data keys listed by label prefix (``train/0/`` ... ``test/9/``), 20 listings at once (notebook 02)."""
+    """Data keys listed by label prefix (``train/0/`` ... ``test/9/``), 20 listings at once (notebook 02).
+
+    Two more listings, one level deep under ``train/`` and ``test/``, find what the label
+    prefixes cannot see (an object or folder that is not a label 0-9).
+
+    Raises:
+        MalformedKeyError: something under ``train/`` or ``test/`` is not in a label folder.
+    """
+    check_count("max_workers", max_workers, 256)
     client = client or get_client(max_connections=max_workers)
     prefixes = [f"{split}/{label}/" for split in SPLITS for label in range(10)]
 
@@ -61,6 +69,12 @@ def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, ma
         with object_store_errors(client, bucket):
             return [o.object_name for o in client.list_objects(bucket, prefix=prefix, recursive=True)]
 
+    with object_store_errors(client, bucket):
+        strays = [o.object_name for split in SPLITS for o in client.list_objects(bucket, prefix=f"{split}/")
+                  if o.object_name not in prefixes]
+    if strays:
+        raise MalformedKeyError(f"Malformed object key {strays[0]!r}: expected '<train|test>/<label 0-9>/<id>.<ext>'. "
+                                "Remove or rename that object.")
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         return [key for keys in pool.map(list_prefix, prefixes) for key in keys]
 
@@ -82,6 +96,10 @@ def list_objects_from_manifest(bucket: str = "mnist", client: Minio | None = Non
             raise
         try:
             text = gzip.decompress(response.read()).decode()
+        except (OSError, EOFError, UnicodeDecodeError):
+            raise StorageError(f"The manifest {MANIFEST_KEY} in bucket '{bucket}' is damaged. Run "
+                               "helpers.upload.upload_mnist(bucket, ...) again to rewrite it, or list with "
+                               "listing='parallel'.") from None
         finally:
             response.close()
             response.release_conn()
@@ -94,9 +112,28 @@ LISTINGS = {"recursive": get_object_list, "parallel": list_objects_parallel, "ma
 ListingMethod = Literal["recursive", "parallel", "manifest"]
 
 
+def is_canonical(key: str) -> bool:
+    """Whether a key's id is an MNIST index (``00042``), not an appended round's UUID."""
+    object_id = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    return len(object_id) == 5 and object_id.isdigit()
+
+
 def smoke_subset(keys: list[str], labels: list[int], count: int) -> tuple[list[str], list[int]]:
-    """The first ``count`` pointers ordered by object id (for canonical ids: the MNIST order)."""
-    order = sorted(range(len(keys)), key=lambda i: (keys[i].rsplit("/", 1)[-1], keys[i]))[:count]
+    """The first ``count`` images in MNIST order: canonical ids only, each id once.
+
+    Appended rounds' copies (UUID ids) never enter a smoke subset; a bucket that holds
+    nothing but appended rounds gives its first keys by id instead.
+    """
+    canonical = [i for i in range(len(keys)) if is_canonical(keys[i])]
+    candidates = canonical or list(range(len(keys)))
+    order, seen = [], set()
+    for i in sorted(candidates, key=lambda i: (keys[i].rsplit("/", 1)[-1], keys[i])):
+        object_id = keys[i].rsplit("/", 1)[-1].split(".", 1)[0]
+        if object_id not in seen:
+            seen.add(object_id)
+            order.append(i)
+        if len(order) == count:
+            break
     return [keys[i] for i in order], [labels[i] for i in order]
 
 

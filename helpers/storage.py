@@ -62,12 +62,17 @@ BUCKET_RULES = ("3-63 characters of lowercase letters, digits, dots and hyphens,
 
 def check_bucket_name(bucket: object) -> str:
     """``bucket`` when it follows the S3 naming rules, else one :class:`ParameterError` quoting them."""
-    if not isinstance(bucket, str) or not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket:
-        raise ParameterError(f"{bucket!r} is not a valid bucket name: S3 bucket names are {BUCKET_RULES}.")
-    with contextlib.suppress(ValueError):
-        ipaddress.ip_address(bucket)
+    if not isinstance(bucket, str) or not _BUCKET_NAME.fullmatch(bucket) or ".." in bucket or _is_ip(bucket):
         raise ParameterError(f"{bucket!r} is not a valid bucket name: S3 bucket names are {BUCKET_RULES}.")
     return bucket
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def get_client(settings: Settings | None = None, max_connections: int = 32, retries: int = 2) -> Minio:

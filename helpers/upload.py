@@ -3,6 +3,7 @@
 Lesson 01 · Upload MNIST to an object store.
 """
 import gzip
+import hashlib
 import io
 import json
 import time
@@ -16,10 +17,11 @@ from minio import Minio
 from minio.error import S3Error
 from PIL import Image
 
-from helpers.config import ParameterError
+from helpers.config import ParameterError, check_count
 from helpers.mnist import load_mnist
 from helpers.notebook import progress_bar
-from helpers.storage import StorageError, ensure_bucket, get_client, object_store_errors, smoke_sizes, translate_error
+from helpers.storage import (StorageError, check_bucket_name, ensure_bucket, get_client, object_store_errors,
+                             smoke_sizes, translate_error)
 
 
 def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
@@ -75,33 +77,41 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         body = encode_image(data.split(split)[0][index], image_format)
         client.put_object(bucket, key, io.BytesIO(body), len(body), content_type=f"image/{image_format}")
 
+    check_count("max_workers", max_workers, 256)
     done = 0
     bar = progress_bar(total=len(items), desc=f"upload to {bucket}", unit="obj", disable=not progress)
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+    pool = ThreadPoolExecutor(max_workers=max_workers)
+    try:
         pending = {pool.submit(put, item) for item in items}
-        try:
-            while pending:
-                finished, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
-                for future in finished:
-                    future.result()
-                    done += 1
-                bar.update(len(finished))
-        except Exception as err:
-            for future in pending:
-                future.cancel()
-            clear = translate_error(err, client, bucket)
-            raise StorageError(
-                f"Upload interrupted after {done:,} of {len(items):,} objects: {clear} "
-                "Nothing is lost: run the same call again to upload only the missing objects."
-            ) from None
-        finally:
-            bar.close()
+        while pending:
+            finished, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
+            for future in finished:
+                future.result()
+                done += 1
+            bar.update(len(finished))
+    except BaseException as err:
+        # A failure or a kernel interrupt: drop the queued uploads; only those already sending finish.
+        pool.shutdown(wait=True, cancel_futures=True)
+        again = "Nothing is lost: run the same call again to upload only the missing objects."
+        if not isinstance(err, Exception):  # KeyboardInterrupt: stop, as asked
+            print(f"Upload interrupted after {done:,} of {len(items):,} objects. {again}")
+            raise
+        raise StorageError(f"Upload interrupted after {done:,} of {len(items):,} objects: "
+                           f"{translate_error(err, client, bucket)} {again}") from None
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
 
 
 def existing_keys(client: Minio, bucket: str) -> set[str]:
     """Every data key already in the bucket (one recursive listing per split)."""
+    return set(existing_objects(client, bucket))
+
+
+def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
+    """``{key: (size, ETag)}`` of every data object in the bucket (the listing carries both: no GET)."""
     with object_store_errors(client, bucket):
-        return {obj.object_name for split in SPLITS
+        return {obj.object_name: (obj.size, (obj.etag or "").strip('"')) for split in SPLITS
                 for obj in client.list_objects(bucket, prefix=f"{split}/", recursive=True)}
 
 
@@ -115,6 +125,7 @@ class UploadReport:
     skipped: int
     seconds: float
     mode: str
+    repaired: int = 0  # objects that existed with other bytes than the image (corrupt, truncated) and were replaced
 
     @property
     def objects_per_second(self) -> float:
@@ -125,7 +136,8 @@ class UploadReport:
         if self.uploaded == 0:
             return (f"Nothing to upload: all {self.planned:,} objects are already in bucket "
                     f"'{self.bucket}' ({self.mode} mode).")
-        return (f"Uploaded {self.uploaded:,} objects to '{self.bucket}' in {self.seconds:.1f} s "
+        repaired = f" ({self.repaired:,} of them replaced a damaged object)" if self.repaired else ""
+        return (f"Uploaded {self.uploaded:,} objects{repaired} to '{self.bucket}' in {self.seconds:.1f} s "
                 f"({self.objects_per_second:,.0f} objects/s); {self.skipped:,} were already there.")
 
 
@@ -146,6 +158,12 @@ def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
             response = client.get_object(bucket, APPEND_MARKER_KEY)
             try:
                 marker = json.loads(response.read())
+                marker = {k: marker[k] for k in ("round", "smoke_test_size", "image_format")}
+            except (ValueError, TypeError, KeyError):
+                raise StorageError(
+                    f"The append marker {APPEND_MARKER_KEY} in bucket '{bucket}' is damaged. Delete it "
+                    f"(client.remove_object({bucket!r}, {APPEND_MARKER_KEY!r})) and run again: the unfinished "
+                    "round's objects stay, and a new round starts.") from None
             finally:
                 response.close()
                 response.release_conn()
@@ -174,29 +192,81 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
         client: a MinIO client; :func:`helpers.storage.get_client` by default.
         progress: show a progress bar.
 
+    An object that exists with other bytes than its image (overwritten, truncated) is uploaded
+    again: the encoding is deterministic, so size and ETag (the MD5 of a single-part upload)
+    say which objects differ without reading any of them.
+
     Raises:
-        ParameterError: bad smoke size or image format.
+        ParameterError: bad bucket name, smoke size, image format or worker count, or the bucket
+            already holds images in the other format.
         StorageError: store unreachable, wrong credentials, or the upload was interrupted.
     """
     image_format = "jpeg" if image_format == "jpg" else image_format
     encode_image(np.zeros((28, 28), np.uint8), image_format)  # validates the format up front
     smoke_sizes(smoke_test_size)
+    check_bucket_name(bucket)
+    check_count("max_workers", max_workers, 256)
     client = client or get_client(max_connections=max_workers)
     ensure_bucket(client, bucket)  # also the connection and credentials check
     append_round = None
     if append:
         append_round, smoke_test_size, image_format = start_or_resume_append(
             client, bucket, smoke_test_size, image_format)
+    existing = existing_objects(client, bucket)
+    check_one_format(bucket, existing, image_format)
     plan = plan_keys(smoke_test_size, image_format, append_round)
-    existing = existing_keys(client, bucket)
-    missing = [item for item in plan if item[0] not in existing]
+    damaged = damaged_keys(existing, plan, image_format)
+    missing = [item for item in plan if item[0] not in existing or item[0] in damaged]
     started = time.perf_counter()
     if missing:
         upload_objects(client, bucket, missing, image_format, max_workers, progress)
     seconds = time.perf_counter() - started
-    write_manifest(client, bucket, sorted(existing | {key for key, _, _ in plan}))
+    write_manifest(client, bucket, sorted(set(existing) | {key for key, _, _ in plan}))
     if append:
         with object_store_errors(client, bucket):
             client.remove_object(bucket, APPEND_MARKER_KEY)
     return UploadReport(bucket, len(plan), len(missing), len(plan) - len(missing), seconds,
-                        "append" if append else "idempotent")
+                        "append" if append else "idempotent", repaired=len(damaged))
+
+
+def check_one_format(bucket: str, existing: Iterable[str], image_format: str) -> None:
+    """Refuse to mix PNG and JPEG in one bucket: the same image twice would make every listing count it twice."""
+    others = sorted({key.rsplit(".", 1)[-1] for key in existing} - {image_format})
+    if others:
+        raise ParameterError(
+            f"Bucket '{bucket}' already holds {others[0]} images; one image format per bucket. Use "
+            f"image_format={others[0]!r}, or another bucket for {image_format}.")
+
+
+def damaged_keys(existing: dict[str, tuple[int, str]], plan: list[tuple[str, str, int]],
+                 image_format: str) -> set[str]:
+    """Planned keys that exist with other bytes than their image (compared by size and ETag, no GET)."""
+    data = load_mnist()
+    damaged = set()
+    for key, split, index in plan:
+        if key not in existing:
+            continue
+        size, etag = existing[key]
+        body = encode_image(data.split(split)[0][index], image_format)
+        # A multipart ETag ("<md5>-<parts>") is not the body's MD5: there the size has to do.
+        if size != len(body) or ("-" not in etag and etag != hashlib.md5(body).hexdigest()):
+            damaged.add(key)
+    return damaged
+
+
+def verify_upload(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png",
+                  repair: bool = False, client: Minio | None = None) -> list[str]:
+    """Keys of the canonical upload that are missing or differ from their image; with ``repair``, upload them again.
+
+    Returns:
+        The keys that were missing or damaged (before any repair), sorted.
+    """
+    smoke_sizes(smoke_test_size)
+    client = client or get_client()
+    plan = plan_keys(smoke_test_size, image_format)
+    existing = existing_objects(client, bucket)
+    bad = sorted(damaged_keys(existing, plan, image_format) | {key for key, _, _ in plan if key not in existing})
+    if repair and bad:
+        wanted = set(bad)
+        upload_objects(client, bucket, [item for item in plan if item[0] in wanted], image_format, progress=False)
+    return bad

@@ -1,5 +1,9 @@
+import _thread
 import dataclasses
 import gzip
+import io
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -168,3 +172,117 @@ def test_missing_bucket_and_missing_manifest(client, bucket):
 def test_no_object_store_configured():
     with pytest.raises(ConfigError, match="S3_ENDPOINT"):
         storage.get_client(Settings())
+
+
+# --- hardening: bad input is one clear line before any I/O; nothing is lost or silently wrong ---------------
+
+
+@pytest.mark.parametrize("workers", [0, -1, "16", 2.5, 10**6])
+@pytest.mark.timeout(30)
+def test_bad_worker_counts_fail_before_any_io(client, bucket, workers):
+    with pytest.raises(ParameterError, match="max_workers"):
+        upload.upload_mnist(bucket, 10, max_workers=workers, client=client, progress=False)
+    with pytest.raises(ParameterError, match="max_workers"):
+        listing.list_objects_parallel(bucket, client=client, max_workers=workers)
+    assert not client.bucket_exists(bucket)  # failed before ensure_bucket, which hung with a pool of size 0
+
+
+def test_a_bad_connection_pool_size_is_refused():
+    with pytest.raises(ParameterError, match="max_connections"):
+        storage.get_client(Settings(s3_endpoint="127.0.0.1:9", s3_access_key="a", s3_secret_key="b"),
+                           max_connections=0)
+
+
+@pytest.mark.parametrize("name", ["Not_A_Valid_Bucket", "ab", "x" * 64, "-start", "a..b", "192.168.0.1", 42])
+def test_invalid_bucket_names_quote_the_s3_rules(client, name):
+    for call in (lambda: upload.upload_mnist(name, 10, client=client, progress=False),
+                 lambda: listing.get_train_test_data(name, client=client),
+                 lambda: storage.ensure_bucket(client, name)):
+        with pytest.raises(ParameterError) as err:
+            call()
+        assert "is not a valid bucket name" in str(err.value) and "3-63 characters" in str(err.value)
+
+
+def test_the_data_mlflow_and_lakefs_buckets_need_force_to_delete(client):
+    for name in sorted(storage.PROTECTED_BUCKETS):
+        existed = client.bucket_exists(name)
+        with pytest.raises(ParameterError, match="force=True"):
+            storage.delete_bucket(client, name)
+        assert client.bucket_exists(name) == existed
+
+
+def test_one_image_format_per_bucket(client, bucket):
+    upload.upload_mnist(bucket, 12, client=client, progress=False)
+    with pytest.raises(ParameterError) as err:
+        upload.upload_mnist(bucket, 12, image_format="jpeg", client=client, progress=False)
+    assert "already holds png images" in str(err.value) and "image_format='png'" in str(err.value)
+    assert all(k.endswith(".png") for k in listing.list_objects_parallel(bucket, client=client))
+
+
+def test_the_smoke_subset_takes_canonical_images_only_after_an_append(client, uploaded):
+    bucket, _ = uploaded
+    upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
+    x_train, y_train, x_test, _, _ = listing.get_train_test_data(bucket, SMOKE, "manifest", client=client)
+    assert len(x_train) == len(set(x_train)) == SMOKE and len(x_test) == 20
+    assert all(listing.is_canonical(key) for key in x_train + x_test)
+    assert x_train == sorted(x_train, key=lambda k: k.rsplit("/", 1)[1])
+    assert y_train == load_mnist().train_labels[:SMOKE].tolist()
+
+
+def test_a_corrupt_object_is_found_and_repaired_by_the_next_upload(client, uploaded):
+    bucket, _ = uploaded
+    key = "train/5/00000.png"
+    client.put_object(bucket, key, io.BytesIO(b"not an image"), 12)
+    truncated = upload.encode_image(load_mnist().train_images[1])[:-5]  # same key, same kind of bytes, cut short
+    client.put_object(bucket, "train/0/00001.png", io.BytesIO(truncated), len(truncated))
+    assert upload.verify_upload(bucket, SMOKE, client=client) == ["train/0/00001.png", key]
+    report = upload.upload_mnist(bucket, SMOKE, client=client, progress=False)
+    assert (report.uploaded, report.repaired, report.skipped) == (2, 2, 138)
+    assert "replaced a damaged object" in str(report)
+    np.testing.assert_array_equal(listing.fetch_image(bucket, key, client=client), load_mnist().train_images[0])
+    assert upload.verify_upload(bucket, SMOKE, client=client) == []
+
+
+def test_verify_repairs_a_missing_object_too(client, uploaded):
+    bucket, _ = uploaded
+    client.remove_object(bucket, "test/7/00000.png")
+    assert upload.verify_upload(bucket, SMOKE, repair=True, client=client) == ["test/7/00000.png"]
+    assert upload.verify_upload(bucket, SMOKE, client=client) == []
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
+    storage.ensure_bucket(client, bucket)
+    plan = upload.plan_keys(6000)  # 7,000 objects: many seconds with 2 threads
+    timer = threading.Timer(0.5, _thread.interrupt_main)  # Ctrl-C / the kernel's interrupt button
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            upload.upload_objects(client, bucket, plan, max_workers=2, progress=False)
+    finally:
+        timer.cancel()
+    assert "run the same call again" in capsys.readouterr().out
+    time.sleep(1)  # nothing may still be sending after the call returned
+    uploaded = len(listing.list_objects_parallel(bucket, client=client))
+    assert 0 < uploaded < len(plan) // 2
+    assert len(listing.list_objects_parallel(bucket, client=client)) == uploaded
+
+
+@pytest.mark.parametrize("key", ["train/stray.png", "test/x/00001.png"])
+def test_the_parallel_listing_finds_keys_outside_the_label_folders(client, uploaded, key):
+    bucket, _ = uploaded
+    client.put_object(bucket, key, io.BytesIO(b"x"), 1)
+    with pytest.raises(storage.MalformedKeyError, match=key.rsplit("/", 1)[0]):
+        listing.list_objects_parallel(bucket, client=client)
+
+
+def test_a_damaged_manifest_or_append_marker_is_named_with_the_fix(client, uploaded):
+    bucket, _ = uploaded
+    client.put_object(bucket, upload.MANIFEST_KEY, io.BytesIO(b"garbage"), 7)
+    with pytest.raises(storage.StorageError, match="manifest .* is damaged. Run helpers.upload.upload_mnist"):
+        listing.list_objects_from_manifest(bucket, client=client)
+    upload.upload_mnist(bucket, SMOKE, client=client, progress=False)  # rewrites it
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 140
+    client.put_object(bucket, upload.APPEND_MARKER_KEY, io.BytesIO(b"{}"), 2)
+    with pytest.raises(storage.StorageError, match="append marker .* is damaged. Delete it"):
+        upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
