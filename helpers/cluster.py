@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.config import Settings, load_settings
+from helpers.tracking import bounded_requests
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
@@ -27,6 +28,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "S3_ENDPOINT": settings.s3_url, "S3_ACCESS_KEY": settings.s3_access_key,
         "S3_SECRET_KEY": settings.s3_secret_key, "S3_SECURE": str(settings.s3_secure).lower(),
         "S3_REGION": settings.s3_region, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
+        **bounded_requests(),  # a worker's MLflow calls give up in seconds when the server is gone
     }
     return {k: v for k, v in values.items() if v}
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from mlflow.tracking import MlflowClient
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, load_settings
+from helpers.config import ParameterError, Settings, check_count, check_positive, load_settings
 from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
 from helpers.storage import ensure_bucket, get_client, object_store_errors
@@ -163,9 +163,16 @@ def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
     params = {**BASE_PARAMS, **overrides}
     if params["optimizer"] not in DEFAULT_LR:
         raise ParameterError(f"optimizer must be one of {sorted(DEFAULT_LR)}, not {params['optimizer']!r}.")
-    if not isinstance(params["epochs"], int) or params["epochs"] < 1:
-        raise ParameterError(f"epochs must be a positive integer, not {params['epochs']!r}.")
+    check_count("epochs", params["epochs"], 10_000)
     params.setdefault("lr", DEFAULT_LR[params["optimizer"]])
+    check_positive("lr", params["lr"], maximum=10.0)
+    check_count("batch_size", params["batch_size"], 100_000)
+    for name in ("train_size", "test_size"):  # 0: all the images
+        check_count(f"{name} (0: all)", params[name], 70_000, minimum=0)
+    check_count("seed", params["seed"], 2**32 - 1, minimum=0)
+    momentum = params["momentum"]
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+        raise ParameterError(f"momentum must be a number from 0 up to (not including) 1, not {momentum!r}.")
     return params
 
 

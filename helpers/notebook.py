@@ -16,7 +16,7 @@ from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
 from helpers.storage import StorageError
-from helpers.tracking import TrackingUnavailable
+from helpers.tracking import TrackingUnavailable, bounded_requests
 from helpers.versioning import LakeFSError
 
 
@@ -70,6 +70,7 @@ def setup(quiet: bool = True) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the notebooks print their links
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    bounded_requests()  # MLflow gone mid-notebook: a call fails in seconds, not minutes
     try:
         from IPython import get_ipython
     except ImportError:

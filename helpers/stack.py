@@ -617,8 +617,11 @@ def kill_service(service: str, state: Path | None = None) -> None:
     state = (state or state_dir()).resolve()
     proc = _running(state, service)
     if proc is not None:
-        proc.kill()
-        psutil.wait_procs([proc], timeout=10)
+        members = _process_group(proc)  # MLflow's server workers too, or they keep answering on its port
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        psutil.wait_procs(members, timeout=10)
 
 
 def ensure_stack(with_mlflow: bool = True) -> Settings:

@@ -12,9 +12,9 @@ from ray import tune
 from torch import nn
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, load_settings
+from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.preprocess import dataset_to_numpy, load_datasets
-from helpers.storage import s3_filesystem
+from helpers.storage import s3_filesystem, smoke_sizes
 from helpers.training import (MNISTModel, accuracy, load_checkpoint, log_dataset, predict, train_func_per_worker,
                               worker_resources)
 
@@ -25,7 +25,17 @@ CHECKPOINT_FILE = "model.pt"
 
 def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = None,
                 validation_fraction: float = 1 / 6, seed: int = 0) -> dict[str, np.ndarray]:
-    """Preprocessed train/validation/test arrays (validation split off the shuffled training set)."""
+    """Preprocessed train/validation/test arrays (validation split off the shuffled training set).
+
+    Raises:
+        ParameterError: too few images to hold some out for validation (checked before any loading).
+    """
+    if not 0 < validation_fraction < 1:
+        raise ParameterError(f"validation_fraction must be between 0 and 1, not {validation_fraction!r}.")
+    planned = smoke_sizes(smoke_test_size)[0]
+    if int(planned * (1 - validation_fraction)) in (0, planned):
+        raise ParameterError(f"{planned} training images cannot be split into training and validation: "
+                             "use a larger smoke_test_size.")
     train_ds, test_ds = load_datasets(bucket, smoke_test_size, settings, seed=seed)
     x, y = dataset_to_numpy(train_ds)
     x_test, y_test = dataset_to_numpy(test_ds)
@@ -53,6 +63,10 @@ def start_child_run(config: dict[str, Any], params: dict[str, Any]):
 
     if not (config.get("tracking_uri") and config.get("parent_run_id")):
         return None, None
+    ok, reason = tracking.tracking_available(config["tracking_uri"])  # a quick check, not MLflow's retries
+    if not ok:
+        print(f"MLflow tracking is off for this trial: {reason}")
+        return None, None
     client = MlflowClient(config["tracking_uri"])
     name = tune.get_context().get_trial_name()
     run = client.create_run(tracking.experiment_id(client, config["experiment"]), run_name=name,
@@ -76,7 +90,20 @@ def build_trial_model(config: dict[str, Any]) -> nn.Module:
 
 
 def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """One trial: train on the training split, report validation accuracy and a checkpoint every epoch."""
+    """One trial, tracked as a child run that ends FAILED (or KILLED) when the trial crashes, never FINISHED."""
+    client, run_id = start_child_run(config, model_config(config))
+    error = None
+    try:
+        train_trial(config, arrays, client, run_id)
+    except BaseException as err:
+        error = err
+        raise
+    finally:
+        tracking.end_run(client, run_id, error)
+
+
+def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, run_id: str | None) -> None:
+    """Train on the training split; report validation accuracy and a checkpoint every epoch."""
     torch.set_num_threads(1)
     torch.manual_seed(int(config.get("seed", 0)))
     net = build_trial_model(config)
@@ -85,28 +112,23 @@ def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     x, y = torch.as_tensor(arrays["x_train"]), torch.as_tensor(arrays["y_train"], dtype=torch.int64)
     generator = torch.Generator().manual_seed(int(config.get("seed", 0)))
     batch_size = int(config.get("batch_size", 64))
-    client, run_id = start_child_run(config, model_config(config))
-    try:
-        for epoch in range(1, int(config["epochs"]) + 1):  # epochs count from 1, as training_iteration does
-            net.train()
-            order = torch.randperm(len(x), generator=generator)
-            total = 0.0
-            for i in range(0, len(x), batch_size):
-                idx = order[i:i + batch_size]
-                optimizer.zero_grad()
-                loss = loss_fn(net(x[idx]), y[idx])
-                loss.backward()
-                optimizer.step()
-                total += float(loss) * len(idx)
-            metrics = {METRIC: accuracy(predict(net, arrays["x_val"]), arrays["y_val"]), "train_loss": total / len(x)}
-            if client:
-                client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=epoch))
-            with tempfile.TemporaryDirectory() as folder:
-                torch.save({"model": net.state_dict(), "config": model_config(config)}, Path(folder) / CHECKPOINT_FILE)
-                tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
-    finally:
+    for epoch in range(1, int(config["epochs"]) + 1):  # epochs count from 1, as training_iteration does
+        net.train()
+        order = torch.randperm(len(x), generator=generator)
+        total = 0.0
+        for i in range(0, len(x), batch_size):
+            idx = order[i:i + batch_size]
+            optimizer.zero_grad()
+            loss = loss_fn(net(x[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss) * len(idx)
+        metrics = {METRIC: accuracy(predict(net, arrays["x_val"]), arrays["y_val"]), "train_loss": total / len(x)}
         if client:
-            client.set_terminated(run_id)
+            client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=epoch))
+        with tempfile.TemporaryDirectory() as folder:
+            torch.save({"model": net.state_dict(), "config": model_config(config)}, Path(folder) / CHECKPOINT_FILE)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
 def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
@@ -131,11 +153,14 @@ def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1)),
         datasets=datasets,
     )
+    error = None
     try:
         trainer.fit()
+    except BaseException as err:
+        error = err
+        raise
     finally:
-        if client:
-            client.set_terminated(run_id)
+        tracking.end_run(client, run_id, error)
 
 
 def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurrent_trials: int,
@@ -148,8 +173,8 @@ def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurre
     """
     import ray.data
 
-    if num_workers < 0:
-        raise ParameterError(f"num_workers must be 0 (one process per trial) or more, not {num_workers}.")
+    check_count("num_workers (0: one process per trial)", num_workers, 1024, minimum=0)
+    check_count("max_concurrent_trials", max_concurrent_trials, 1024)
     if num_workers == 0:
         cpus = max(0.5, min(1.0, cluster_cpus / max_concurrent_trials))
         return tune.with_resources(tune.with_parameters(objective, arrays=arrays), {"cpu": cpus}), {}
@@ -200,8 +225,8 @@ def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) ->
 def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, num_samples: int,
                max_concurrent_trials: int, name: str, storage_path: str, settings: Settings | None = None):
     """A ``tune.Tuner`` over ``param_space`` with results and checkpoints in the object store (notebook 05)."""
-    if num_samples < 1 or max_concurrent_trials < 1:
-        raise ParameterError("num_samples and max_concurrent_trials must be at least 1.")
+    check_count("num_samples", num_samples, 100_000)
+    check_count("max_concurrent_trials", max_concurrent_trials, 1024)
     return tune.Tuner(
         trainable,
         param_space=param_space,

@@ -8,12 +8,64 @@ and no learner has to read.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
 _REQUEST_TIMEOUT_S = 3.0
+# MLflow's client retries a failed request 7 times with a backoff factor of 2 and waits 120 s for
+# an answer: minutes per call when the server went away. These bounds make it seconds.
+BOUNDED_REQUESTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+_OFF: dict[str, str] = {}  # tracking URI -> why tracking went off (said once)
+
+
+def bounded_requests() -> dict[str, str]:
+    """Bound MLflow's HTTP timeout and retries in this process (values already set are kept); returns them.
+
+    Ray workers get the same values with the other settings (:func:`helpers.cluster.settings_env`).
+    """
+    for name, value in BOUNDED_REQUESTS.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in BOUNDED_REQUESTS}
+
+
+def still_up(uri: str) -> bool:
+    """Whether MLflow still answers at ``uri``: checked once per call until it does not.
+
+    The first time it does not, one line says that tracking is off and why; from then on
+    this returns False at once, and a notebook goes on with the training result it holds.
+    """
+    if uri in _OFF:
+        return False
+    ok, reason = tracking_available(uri)
+    if not ok:
+        _OFF[uri] = reason
+        print(f"MLflow tracking is off from here on: {reason}. The training result is kept and used below; "
+              "restart MLflow (`python -m helpers.stack up`) and run the notebook again to log it.")
+    return ok
+
+
+def end_status(error: BaseException | None) -> str:
+    """The MLflow run status for how a block ended: FINISHED, FAILED on an error, KILLED on an interrupt.
+
+    A clean exit (``SystemExit(0)``, which is how Ray Tune stops a trial its scheduler cut short) is FINISHED.
+    """
+    if error is None or (isinstance(error, SystemExit) and error.code in (0, None)):
+        return "FINISHED"
+    return "FAILED" if isinstance(error, Exception) else "KILLED"
+
+
+def end_run(client, run_id: str | None, error: BaseException | None = None) -> None:
+    """Mark run ``run_id`` ended with :func:`end_status`; a tracking outage here is ignored (said elsewhere)."""
+    if client is None or not run_id:
+        return
+    try:
+        client.set_terminated(run_id, status=end_status(error))
+    except Exception:  # noqa: BLE001, S110 - ending a run must never hide the error that ended it
+        pass
 
 
 class TrackingUnavailable(RuntimeError):
@@ -42,6 +94,7 @@ def connect(uri: str):
     """
     from mlflow.tracking import MlflowClient
 
+    bounded_requests()
     ok, reason = tracking_available(uri)
     if not ok:
         raise TrackingUnavailable(f"MLflow tracking is unavailable: {reason}. Start it with "

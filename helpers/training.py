@@ -20,7 +20,7 @@ import torch
 from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
-from helpers.config import ParameterError, Settings, load_settings
+from helpers.config import ParameterError, Settings, check_count, check_positive, load_settings
 from helpers.storage import s3_filesystem
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
@@ -107,6 +107,27 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "hidden_sizes": [128, 64], "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0,
 }
 MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")
+
+
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` when every training parameter has an allowed value; else one :class:`ParameterError` naming them.
+
+    Checked in the driver before any run starts, not deep inside torch on a worker.
+    """
+    check_count("epochs", params["epochs"], 10_000)
+    check_positive("lr", params["lr"], maximum=10.0)
+    momentum = params.get("momentum", 0.0)
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+        raise ParameterError(f"momentum must be a number from 0 up to (not including) 1, not {momentum!r}.")
+    check_count("batch_size_per_worker", params.get("batch_size_per_worker", 64), 100_000)
+    hidden = params.get("hidden_sizes", (128, 64))
+    if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__len__") or not len(hidden):
+        raise ParameterError(f"hidden_sizes must be a list of layer widths such as [128, 64], not {hidden!r}.")
+    for width in hidden:
+        check_count("each of hidden_sizes", width, 100_000)
+    make_optimizer(params.get("optimizer", "sgd"), [torch.zeros(1, requires_grad=True)], 0.1, 0.0)
+    build_model(params.get("model", "mlp"), hidden, params.get("dropout", 0.0), params.get("activation", "relu"))
+    return params
 
 
 class InjectedFault(RuntimeError):
@@ -309,7 +330,20 @@ def unique_run_name(prefix: str = "train") -> str:
 def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: int, run_name: str,
                  storage_path: str, use_gpu: bool = False, max_failures: int = 2, cluster_cpus: float = 2.0,
                  settings: Settings | None = None) -> TorchTrainer:
-    """A ``TorchTrainer`` for :func:`train_func_per_worker`, checkpointing into the object store (notebook 04)."""
+    """A ``TorchTrainer`` for :func:`train_func_per_worker`, checkpointing into the object store (notebook 04).
+
+    Raises:
+        ParameterError: a bad parameter or worker count, or ``use_gpu=True`` on a Ray without enough GPUs
+            (Ray would wait for them for ever).
+    """
+    check_params(config)
+    check_count("num_workers", num_workers, 1024)
+    check_count("max_failures", max_failures, 100, minimum=0)
+    if use_gpu:
+        gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
+        if gpus < num_workers:
+            raise ParameterError(f"use_gpu=True needs {num_workers} GPUs, one per worker; this Ray has {gpus:g}. "
+                                 "Use use_gpu=False, fewer workers, or a Ray cluster with GPUs (RAY_ADDRESS).")
     resources = worker_resources(num_workers, use_gpu, cluster_cpus)
     return TorchTrainer(
         train_func_per_worker,

@@ -144,3 +144,32 @@ def test_distributed_trials_run_ray_train_inside_tune(settings, tune_bucket, arr
     (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, result.parent_run_id)
     steps = [s for s, _ in tracking.metric_history(settings.mlflow_tracking_uri, child.info.run_id, "val_accuracy")]
     assert steps == [1, 2]
+
+
+def test_a_crashed_trial_s_child_run_ends_failed_not_finished(settings, tune_bucket, arrays):
+    from ray import tune
+
+    resources = cluster.init_ray(settings)
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    name = training.unique_run_name("crash")
+    parent = client.create_run(tracking.experiment_id(client, "tests-tune-crash"), run_name=name).info.run_id
+    trainable, _ = sweeps.make_trainable(arrays, 0, 1, resources["CPU"], f"{tune_bucket}/tune-results/{name}-t")
+    crash = {**sweeps.KNOWN_GOOD, "lr": -1.0}  # torch refuses a negative learning rate inside the trial
+    space = {**{k: tune.choice([v]) for k, v in crash.items()}, "epochs": 1, "seed": 0,
+             "experiment": "tests-tune-crash", "tracking_uri": settings.mlflow_tracking_uri, "parent_run_id": parent}
+    tuner = sweeps.make_tuner(trainable, space, None, None, 1, 1, name, f"{tune_bucket}/tune-results", settings)
+    with contextlib.redirect_stdout(io.StringIO()):
+        results = tuner.fit()
+    assert len(results.errors) == 1
+    (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, parent)
+    assert child.info.status == "FAILED"
+
+
+def test_bad_sweep_sizes_fail_before_any_work(arrays, tune_bucket, settings):
+    with pytest.raises(sweeps.ParameterError, match="max_concurrent_trials=0"):
+        sweeps.make_trainable(arrays, 0, 0, 2.0, "b/p")  # was a ZeroDivisionError
+    with pytest.raises(sweeps.ParameterError, match="num_samples must be a whole number"):
+        sweeps.make_tuner(None, {}, None, None, "4", 1, "x", "b/p", settings)
+    for size in (1,):  # too few images to hold any out for validation; checked before loading anything
+        with pytest.raises(sweeps.ParameterError, match="cannot be split into training and validation"):
+            sweeps.load_arrays(tune_bucket, size, settings)

@@ -172,3 +172,103 @@ def test_training_data_is_shuffled_not_sorted_by_label(settings, client):
         assert sorted(labels.tolist()) == sorted(y)
     finally:
         storage.delete_bucket(client, name)
+
+
+# --- hardening: bounded tracking, runs that always end, bad parameters before any work -----------------------
+
+
+def test_mlflow_calls_give_up_in_seconds_when_the_server_is_gone():
+    import time
+
+    assert tracking.bounded_requests()["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    started = time.monotonic()
+    with pytest.raises(Exception, match="127.0.0.1:9"):
+        MlflowClient("http://127.0.0.1:9").get_metric_history("some-run", "train_loss")
+    assert time.monotonic() - started < 30  # MLflow's defaults: 7 retries, backoff factor 2, minutes
+
+
+@pytest.mark.timeout(400)
+def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_path, capsys):
+    import threading
+    import time
+
+    from helpers import stack
+
+    state = tmp_path / "stack"
+    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_lakefs=False)
+    try:
+        private = dataclasses.replace(settings, mlflow_tracking_uri=load_private_uri(state))
+        client = MlflowClient(private.mlflow_tracking_uri)
+        run_id = client.create_run(tracking.experiment_id(client, "tests-outage")).info.run_id
+        killed = threading.Event()
+
+        def kill_after_the_first_epoch() -> None:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and not killed.is_set():
+                try:
+                    if client.get_metric_history(run_id, "train_loss"):
+                        stack.kill_service("mlflow", state)
+                        killed.set()
+                        return
+                except Exception:  # noqa: BLE001 - the run is still being created
+                    pass
+                time.sleep(0.2)
+
+        watcher = threading.Thread(target=kill_after_the_first_epoch, daemon=True)
+        watcher.start()
+        result = train_and_test(private, train_bucket, {**PARAMS, "epochs": 8}, num_workers=1, run_id=run_id)
+        watcher.join(timeout=5)
+        assert killed.is_set(), "MLflow was killed while training ran"
+        assert [row["epoch"] for row in result.history] == list(range(1, 9))  # the training result is whole
+        assert 0 < result.test_accuracy <= 1
+        capsys.readouterr()
+        assert tracking.still_up(private.mlflow_tracking_uri) is False
+        assert tracking.still_up(private.mlflow_tracking_uri) is False
+        said = capsys.readouterr().out
+        assert said.count("MLflow tracking is off from here on") == 1 and "training result is kept" in said
+    finally:
+        stack.down(state)
+
+
+def load_private_uri(state) -> str:
+    from helpers.config import load_settings
+
+    return load_settings(environ={}, stack_state=state).mlflow_tracking_uri
+
+
+def test_a_run_ends_failed_on_an_error_and_killed_on_an_interrupt(settings):
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    experiment = tracking.experiment_id(client, "tests-end")
+    for error, status in ((None, "FINISHED"), (ValueError("x"), "FAILED"), (KeyboardInterrupt(), "KILLED"),
+                          (SystemExit(0), "FINISHED"), (SystemExit(1), "KILLED")):  # SystemExit(0): Tune's early stop
+        run_id = client.create_run(experiment).info.run_id
+        tracking.end_run(client, run_id, error)
+        assert client.get_run(run_id).info.status == status
+    tracking.end_run(MlflowClient("http://127.0.0.1:9"), "gone", ValueError("x"))  # an outage never hides the error
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"epochs": 0}, "epochs=0 is out of range"),
+    ({"epochs": "3"}, "epochs must be a whole number"),
+    ({"lr": -0.1}, "lr=-0.1 is out of range"),
+    ({"lr": float("nan")}, "lr must be a number above 0"),
+    ({"momentum": 1.5}, "momentum must be a number from 0"),
+    ({"batch_size_per_worker": 0}, "batch_size_per_worker=0 is out of range"),
+    ({"hidden_sizes": []}, "hidden_sizes must be a list"),
+    ({"hidden_sizes": [64, 0]}, "each of hidden_sizes=0"),
+    ({"optimizer": "rmsprop"}, "optimizer must be"),
+])
+def test_bad_training_parameters_fail_before_any_run(change, message):
+    with pytest.raises(training.ParameterError, match=message):
+        training.check_params({**PARAMS, **change})
+    with pytest.raises(training.ParameterError, match=message):
+        training.make_trainer({**PARAMS, **change}, {}, 1, "x", "b/p")
+
+
+def test_bad_worker_counts_and_a_gpu_that_is_not_there(settings):
+    cluster.init_ray(settings)
+    for workers in (0, -2, "2"):
+        with pytest.raises(training.ParameterError, match="num_workers"):
+            training.make_trainer(PARAMS, {}, workers, "x", "b/p")
+    with pytest.raises(training.ParameterError, match="use_gpu=True needs 2 GPUs.*this Ray has 0"):
+        training.make_trainer(PARAMS, {}, 2, "x", "b/p", use_gpu=True)  # Ray would wait for ever
