@@ -114,6 +114,10 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     except papermill.PapermillExecutionError as err:
         status = "skipped" if err.ename == SKIP_MARKER else "failed"
         message = f"{err.ename}: {err.evalue}"
+    except Exception as err:  # noqa: BLE001 - a dead kernel, a cell past the timeout: a row, not a crash
+        status = "failed"
+        first_line = (str(err).strip().splitlines() or [""])[0][:300]
+        message = f"{type(err).__name__}: {first_line}"
     return NotebookRun(notebook.name, status, time.perf_counter() - started, output, message)
 
 
@@ -143,20 +147,29 @@ def main(argv: list[str] | None = None) -> int:
         if (args.only and args.only not in notebook.name) or skipped_by_choice:
             continue
         print(f"running {notebook.name} ...", flush=True)
-        run = execute(notebook, out_dir / notebook.name, parameters)
+        try:
+            run = execute(notebook, out_dir / notebook.name, parameters)
+        except KeyboardInterrupt:  # Ctrl-C: still say what ran, then stop
+            runs.append(NotebookRun(notebook.name, "failed", 0.0, out_dir / notebook.name, "interrupted"))
+            _print_summary(runs, root, out_dir, args.in_place)
+            return 130
         if args.in_place and run.status == "ok":  # a skipped or failed run never replaces the committed outputs
             shutil.copyfile(run.output, notebook)
             strip_machine_metadata(notebook)
         runs.append(run)
         print(f"  {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
 
-    where = "notebooks/ (in place)" if args.in_place else str(out_dir.relative_to(root)) + "/"
-    print(f"\n{'notebook':<40} {'status':<8} {'seconds':>8}")
+    _print_summary(runs, root, out_dir, args.in_place)
+    return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _print_summary(runs: list[NotebookRun], root: Path, out_dir: Path, in_place: bool) -> None:
+    where = "notebooks/ (in place)" if in_place else str(out_dir.relative_to(root)) + "/"
+    print(f"\n{'notebook':<40} {'status':<8} {'seconds':>8}  why")
     for run in runs:
-        print(f"{run.name:<40} {run.status:<8} {run.seconds:>8.1f}")
+        print(f"{run.name:<40} {run.status:<8} {run.seconds:>8.1f}  {run.message if run.status != 'ok' else ''}")
     print(f"{'total':<40} {'':<8} {sum(r.seconds for r in runs):>8.1f}")
     print(f"Executed notebooks are in {where}")
-    return 1 if any(r.status == "failed" for r in runs) else 0
 
 
 if __name__ == "__main__":

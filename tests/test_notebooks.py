@@ -45,14 +45,42 @@ def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 70
 
 
-def test_a_bad_parameter_fails_the_run_with_one_clear_line(bucket, tmp_path):
+@pytest.mark.parametrize("parameters, message", [
+    ({"smoke_test_size": -5}, "smoke_test_size=-5"),
+    ({"smoke_test_size": "abc"}, "smoke_test_size must be an integer, not 'abc'"),
+    ({"max_workers": 0}, "max_workers=0 is out of range"),
+    ({"max_workers": "16"}, "max_workers must be a whole number"),
+    ({"bucket": "Not_A_Valid_Bucket"}, "'Not_A_Valid_Bucket' is not a valid bucket name"),
+])
+def test_a_bad_parameter_fails_the_run_with_one_clear_line(bucket, tmp_path, parameters, message):
     notebook = runner.notebook_paths(pattern="01*.ipynb")[0]
-    result = runner.execute(notebook, tmp_path / "bad.ipynb", {"bucket": bucket, "smoke_test_size": -5})
-    assert result.status == "failed" and "ParameterError" in result.message
+    result = runner.execute(notebook, tmp_path / "bad.ipynb", {"bucket": bucket, **parameters})
+    assert result.status == "failed" and "ParameterError" in result.message and message in result.message
     nb = json.loads((tmp_path / "bad.ipynb").read_text())
-    shown = [o for c in nb["cells"] for o in c.get("outputs", []) if "smoke_test_size=-5" in json.dumps(o)]
+    shown = [o for c in nb["cells"] for o in c.get("outputs", []) if message in json.dumps(o)]
     assert shown, "the message is shown in the notebook"
     assert "Traceback" not in json.dumps(shown) and len(json.dumps(shown)) < 1500
+
+
+def _notebook(tmp_path, *sources):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = tmp_path / "probe.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.mark.parametrize("source, why", [
+    ("import os; os._exit(1)", "DeadKernelError"),  # the kernel dies
+    ("import time; time.sleep(60)", "CellTimeoutError"),  # a cell hangs
+])
+def test_a_dead_kernel_or_a_hung_cell_is_one_failed_row_not_a_crash(tmp_path, source, why):
+    notebook = _notebook(tmp_path, "print('first cell')", source)
+    result = runner.execute(notebook, tmp_path / "out.ipynb", cell_timeout=5)
+    assert result.status == "failed" and result.message.startswith(why), result.message
+    assert "\n" not in result.message
 
 
 def test_committed_notebooks_have_parameters_and_no_machine_paths():
