@@ -22,10 +22,10 @@ from helpers import tracking
 from helpers.config import ParameterError, Settings, check_count, check_positive, load_settings
 from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
-from helpers.storage import ensure_bucket, get_client, object_store_errors
+from helpers.storage import bucket_not_found, endpoint_of, ensure_bucket, get_client, object_store_errors
 from helpers.training import accuracy, log_dataset, log_torch_model, make_optimizer, model_from_params
-from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_same_object_store, connect, lakefs_errors,
-                                storage_namespace)
+from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store, connect,
+                                lakefs_errors, storage_namespace)
 
 INGEST_BRANCH = "ingest"
 EXPERIMENT_PREFIX = "exp-"
@@ -40,6 +40,7 @@ def ensure_repository(client, name: str, settings: Settings | None = None, bucke
     Raises:
         LakeFSError: lakeFS refused, or it keeps its data in another object store than ours.
     """
+    check_repository_name(name)
     settings = settings or load_settings()
     s3 = get_client(settings)
     ensure_bucket(s3, bucket)
@@ -82,21 +83,34 @@ def list_paths(repo, ref: str, prefix: str) -> list[str]:
 
 def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("train/", "test/"),
                        branch: str = INGEST_BRANCH, poll_seconds: float = 0.5, force: bool = False,
-                       settings: Settings | None = None) -> ImportResult:
+                       settings: Settings | None = None, timeout: float = 1800.0) -> ImportResult:
     """Zero-copy import of ``s3://<bucket>/<prefix>`` for each prefix into ``branch`` (notebook 06).
 
+    The last import is reused only when lakeFS holds exactly the bucket's objects: the same
+    keys with the same ETags. An object overwritten in the bucket since is imported again,
+    so a commit id always names the bytes it was made from.
+
     Raises:
-        LakeFSError: the import failed (the message is lakeFS's).
+        BucketNotFound: the source bucket does not exist.
+        LakeFSError: the import failed (the message is lakeFS's) or took longer than ``timeout`` seconds
+            (it is cancelled then).
     """
     sources = ",".join(f"s3://{bucket}/{p}" for p in prefixes)
+    client = get_client(settings or load_settings())
+    with object_store_errors(client, bucket):
+        if not client.bucket_exists(bucket):
+            raise bucket_not_found(endpoint_of(client), bucket)
     with lakefs_errors(f"preparing branch {branch!r}"):
         target = repo.branch(branch).create(repo.properties.default_branch, exist_ok=True)
         head = target.get_commit()
     if not force and head.metadata.get("import_source") == sources:
-        objects = sum(len(list_paths(repo, head.id, prefix)) for prefix in prefixes)
-        client = get_client(settings or load_settings())
-        if objects == sum(bucket_usage(bucket, prefix, client)["objects"] for prefix in prefixes):
-            return ImportResult(head.id, objects, 0.0, True)
+        with lakefs_errors(f"listing {branch!r}"):
+            held = {o.path: o.checksum for prefix in prefixes for o in repo.ref(head.id).objects(prefix=prefix)}
+        with object_store_errors(client, bucket):
+            stored = {o.object_name: (o.etag or "").strip('"') for prefix in prefixes
+                      for o in client.list_objects(bucket, prefix=prefix, recursive=True)}
+        if held == stored:
+            return ImportResult(head.id, len(held), 0.0, True)
 
     started = time.perf_counter()
     manager = target.import_data(commit_message=f"Zero-copy import of {', '.join(prefixes)} from s3://{bucket}",
@@ -105,6 +119,7 @@ def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("
         manager.prefix(f"s3://{bucket}/{prefix}", destination=prefix)
     with lakefs_errors(f"importing {sources}"):
         manager.start()
+        deadline = time.monotonic() + timeout
         # Poll here rather than manager.wait(): that runs asyncio.run(), which fails inside Jupyter's loop.
         while True:
             status = manager.status()
@@ -112,6 +127,10 @@ def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("
                 raise LakeFSError(f"importing {sources}: {status.error.message}")
             if status.completed:
                 break
+            if time.monotonic() > deadline:
+                manager.cancel()
+                raise LakeFSError(f"importing {sources} did not finish within {timeout:.0f} s and was cancelled "
+                                  "(nothing was committed): run it again, with a larger timeout= for a large bucket.")
             time.sleep(poll_seconds)
     return ImportResult(status.commit.id, int(status.ingested_objects or 0), time.perf_counter() - started, False)
 
@@ -275,33 +294,37 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
         tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": data_commit,
               **(lineage or {})},
     ).info.run_id
-    mlflow_client.log_batch(run_id, params=tracking.as_params(params))
-    for split, images, context in (("train", y_train, "training"), ("test", y_test, "testing")):
-        log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, data_commit, f"{split}/"),
-                    len(images), context, tags={"lakefs.commit": data_commit})
-    net, losses = fit(params, x_train, y_train, on_epoch=lambda epoch, loss: mlflow_client.log_metric(
-        run_id, "train_loss", loss, step=epoch))
-    metrics = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
-    mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=params["epochs"]))
-    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
-    with mlflow.start_run(run_id=run_id):
-        model_uri = log_torch_model(net, x_test[:5]).model_uri
+    try:  # the run ends FAILED (or KILLED) if anything below stops it, never RUNNING
+        mlflow_client.log_batch(run_id, params=tracking.as_params(params))
+        for split, images, context in (("train", y_train, "training"), ("test", y_test, "testing")):
+            log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, data_commit, f"{split}/"),
+                        len(images), context, tags={"lakefs.commit": data_commit})
+        net, losses = fit(params, x_train, y_train, on_epoch=lambda epoch, loss: mlflow_client.log_metric(
+            run_id, "train_loss", loss, step=epoch))
+        metrics = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
+        mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=params["epochs"]))
+        mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+        with mlflow.start_run(run_id=run_id):
+            model_uri = log_torch_model(net, x_test[:5]).model_uri
 
-    model = io.BytesIO()
-    torch.save({"model_state": net.state_dict(), "params": params}, model)
-    target = repo.branch(branch)
-    with lakefs_errors(f"committing experiment {branch!r}"):
-        target.object(MODEL_PATH).upload(model.getvalue(), mode="wb", pre_sign=False,
-                                         content_type="application/octet-stream")
-        target.object(PARAMS_PATH).upload(json.dumps(params, indent=2), mode="w", pre_sign=False,
-                                          content_type="application/json")
-        target.object(METRICS_PATH).upload(json.dumps(metrics, indent=2), mode="w", pre_sign=False,
-                                           content_type="application/json")
-        extra = {"experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
-                 "mlflow_model_uri": model_uri}
-        commit = target.commit(f"Experiment {branch}: model, config and metrics",
-                               metadata=encode_metadata(params, metrics, extra))
-    mlflow_client.set_tag(run_id, "lakefs.commit", commit.id)
+        model = io.BytesIO()
+        torch.save({"model_state": net.state_dict(), "params": params}, model)
+        target = repo.branch(branch)
+        with lakefs_errors(f"committing experiment {branch!r}"):
+            target.object(MODEL_PATH).upload(model.getvalue(), mode="wb", pre_sign=False,
+                                             content_type="application/octet-stream")
+            target.object(PARAMS_PATH).upload(json.dumps(params, indent=2), mode="w", pre_sign=False,
+                                              content_type="application/json")
+            target.object(METRICS_PATH).upload(json.dumps(metrics, indent=2), mode="w", pre_sign=False,
+                                               content_type="application/json")
+            extra = {"experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
+                     "mlflow_model_uri": model_uri}
+            commit = target.commit(f"Experiment {branch}: model, config and metrics",
+                                   metadata=encode_metadata(params, metrics, extra))
+        mlflow_client.set_tag(run_id, "lakefs.commit", commit.id)
+    except BaseException as error:
+        tracking.end_run(mlflow_client, run_id, error)
+        raise
     mlflow_client.set_terminated(run_id)
     return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
 
@@ -400,22 +423,35 @@ class Promotion:
     tag: str
 
 
-def promote(repo, branch: str, tag: str | None = None, destination: str | None = None) -> Promotion:
-    """Merge ``branch`` into ``main`` (replacing an earlier winner's files) and tag the merge commit."""
+def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
+            destination: str | None = None) -> Promotion:
+    """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
+
+    ``commit_id`` is the commit that was compared (the table's ``commit_id``): that commit is
+    merged, even if the branch moved on since. Without it, the branch's head is merged.
+
+    Raises:
+        LakeFSError: the tag is taken (checked before merging), or lakeFS refused the merge or the tag.
+    """
     destination = destination or repo.properties.default_branch
-    with lakefs_errors(f"merging {branch!r} into {destination!r}"):
-        head = repo.branch(branch).get_commit()
-        merge_commit = repo.branch(branch).merge_into(
+    with lakefs_errors(f"reading {branch!r}"):
+        source = repo.ref(commit_id) if commit_id else repo.branch(branch)
+        compared = source.get_commit()
+        taken = {t.id for t in repo.tags(prefix="model-v" if tag is None else tag)}
+    if tag is None:
+        tag = next(f"model-v{n}" for n in range(1, len(taken) + 2) if f"model-v{n}" not in taken)
+    elif tag in taken:
+        raise LakeFSError(f"Tag {tag!r} already names another commit (tags never move): choose another tag.")
+    with lakefs_errors(f"merging {branch!r} ({compared.id[:12]}) into {destination!r}"):
+        merge_commit = source.merge_into(
             destination, message=f"Promote experiment {branch}",
-            metadata={"promoted_branch": branch, "promoted_commit": head.id,
-                      **{k: v for k, v in head.metadata.items() if k.startswith(("metric.", "param.", "mlflow_"))}},
+            metadata={"promoted_branch": branch, "promoted_commit": compared.id,
+                      **{k: v for k, v in compared.metadata.items()
+                         if k.startswith(("metric.", "param.", "mlflow_"))}},
             strategy="source-wins",
         )
-    if tag is None:
-        with lakefs_errors("listing tags"):
-            taken = {t.id for t in repo.tags(prefix="model-v")}
-        tag = next(f"model-v{n}" for n in range(1, len(taken) + 2) if f"model-v{n}" not in taken)
-    with lakefs_errors(f"tagging {merge_commit[:12]} as {tag!r}"):
+    with lakefs_errors(f"merged as {merge_commit[:12]}, but tagging it {tag!r} failed (tag it with "
+                       f"repo.tag({tag!r}).create({merge_commit!r}))"):
         repo.tag(tag).create(merge_commit)
     return Promotion(branch, merge_commit, tag)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 
-from helpers.config import ConfigError, Settings, load_settings
+from helpers.config import ConfigError, ParameterError, Settings, load_settings
 
 LAKEFS_BUCKET = "lakefs"  # the bucket holding every repository's storage namespace
 HOW_TO_GET_LAKEFS = (
@@ -39,6 +40,32 @@ class LakeFSAuthError(LakeFSError):
     """lakeFS answered but rejected the access key or secret."""
 
 
+_REPOSITORY_NAME = re.compile(r"[a-z0-9][a-z0-9-]{2,62}")
+
+
+def check_repository_name(name: object) -> str:
+    """``name`` when lakeFS accepts it as a repository name, else one :class:`ParameterError` quoting the rule."""
+    if not isinstance(name, str) or not _REPOSITORY_NAME.fullmatch(name):
+        raise ParameterError(f"{name!r} is not a valid lakeFS repository name: use 3-63 lowercase letters, digits "
+                             "and hyphens, starting with a letter or digit.")
+    return name
+
+
+def bound_requests(client, connect_timeout: float = 5.0, read_timeout: float = 120.0) -> None:
+    """Give every request of a ``lakefs.Client`` a connect and read timeout.
+
+    The SDK passes no timeout unless a call asks for one, and then a lakeFS that stops answering
+    holds the notebook for ever; the wrapper adds one to every request that has none.
+    """
+    rest = client.sdk_client._api.rest_client
+    unbounded = rest.request
+
+    def request(*args, _request_timeout=None, **kwargs):
+        return unbounded(*args, _request_timeout=_request_timeout or (connect_timeout, read_timeout), **kwargs)
+
+    rest.request = request
+
+
 def connect(settings: Settings | None = None, timeout: float = 5.0):
     """A ``lakefs.Client`` for the configured server, checked with one request.
 
@@ -60,6 +87,7 @@ def connect(settings: Settings | None = None, timeout: float = 5.0):
         raise ConfigError("LAKEFS_ENDPOINT is set but LAKEFS_ACCESS_KEY_ID / LAKEFS_SECRET_ACCESS_KEY are not.")
     client = lakefs.Client(host=settings.lakefs_endpoint, username=settings.lakefs_access_key,
                            password=settings.lakefs_secret_key)
+    bound_requests(client)
     try:
         client.sdk_client.config_api.get_config(_request_timeout=timeout)
     except urllib3.exceptions.HTTPError as err:  # refused / timed out: urllib3's MaxRetryError and friends

@@ -335,6 +335,8 @@ class LakeFSState:
                 record["ingested"] = len(staged)
                 time.sleep(self.import_step_delay)
             with self.lock:
+                if record.get("cancelled"):  # lakeFS commits nothing for a cancelled import
+                    return
                 branch = self.branch(repo, branch_name)
                 head = repo.commits[branch.commit_id]
                 tree = dict(head.tree)
@@ -799,6 +801,16 @@ class Handler(BaseHTTPRequestHandler):
         threading.Thread(target=state.run_import, args=(import_id, repo, branch_name, body), daemon=True).start()
         self._json(202, models.ImportCreationResponse(id=import_id))
 
+    def import_cancel(self, state: LakeFSState, query: dict, name: str, branch_name: str) -> None:
+        record = state.imports.get(query.get("id", ""))
+        if record is None or record["branch"] != (name, branch_name):
+            raise ApiError(HTTPStatus.NOT_FOUND, "import not found")
+        with state.lock:
+            if record["completed"]:
+                raise ApiError(HTTPStatus.CONFLICT, "import already completed")
+            record.update(cancelled=True, error="import canceled", updated=datetime.now(UTC))
+        self._send(HTTPStatus.NO_CONTENT)
+
     def import_status(self, state: LakeFSState, query: dict, name: str, branch_name: str) -> None:
         record = state.imports.get(query.get("id", ""))
         if record is None or record["branch"] != (name, branch_name):
@@ -831,6 +843,7 @@ ROUTES: list[tuple[str, re.Pattern, Callable]] = [
         ("POST", _REPO + r"/branches/([^/]+)/objects/delete", Handler.delete_objects),
         ("POST", _REPO + r"/branches/([^/]+)/import", Handler.import_start),
         ("GET", _REPO + r"/branches/([^/]+)/import", Handler.import_status),
+        ("DELETE", _REPO + r"/branches/([^/]+)/import", Handler.import_cancel),
         ("GET", _REPO + r"/commits/([^/]+)", Handler.get_commit),
         ("GET", _REPO + r"/refs/([^/]+)/commits", Handler.log_commits),
         ("GET", _REPO + r"/refs/([^/]+)/diff/([^/]+)", Handler.diff_refs),

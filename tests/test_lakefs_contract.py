@@ -35,6 +35,7 @@ from tests.lakefs_double import API, ROUTES, LakeFSServer
 NO_BODY = {"204": None, "400": "Error", "401": "Error", "403": "Error", "404": "Error"}
 SWAGGER_WHERE_SDK_IS_SILENT = {
     "delete_repository": NO_BODY, "delete_branch": NO_BODY, "delete_object": NO_BODY, "delete_tag": NO_BODY,
+    "import_cancel": {**NO_BODY, "409": "Error"},  # lakeFS swagger: 204, or an Error (401, 403, 404, 409, 420)
     "head_object": dict.fromkeys(("200", "206", "400", "401", "404", "410", "416")),
 }
 
@@ -130,6 +131,9 @@ def exercise(settings, source_bucket: str) -> None:
     name = f"c-{uuid.uuid4().hex[:10]}"
     repo = exp.ensure_repository(client, name, settings)
     exp.ensure_repository(client, name, settings)  # exists: 409, then read back
+    refused(lambda: exp.import_from_bucket(repo, source_bucket, branch="cancelled", settings=settings,
+                                          timeout=0),
+            versioning.LakeFSError)  # past its deadline: cancelled
     imported = exp.import_from_bucket(repo, source_bucket, settings=settings)
     assert exp.import_from_bucket(repo, source_bucket, settings=settings).reused
     first = exp.list_paths(repo, imported.commit_id, "train/")[0]
@@ -139,7 +143,7 @@ def exercise(settings, source_bucket: str) -> None:
     table = exp.compare_experiments(repo, [r.branch for r in results])
     exp.evaluate_commit(repo, table.commit_id[0])
     list(repo.ref(exp.INGEST_BRANCH).diff(repo.ref(results[0].branch)))
-    promotion = exp.promote(repo, results[0].branch)
+    promotion = exp.promote(repo, results[0].branch, table.commit_id[0])
     list(repo.ref(promotion.tag).log(max_amount=3))
     exp.reproduce(repo, results[0].commit_id, tolerance=1.0)
     exp.run_experiments(repo, [{"optimizer": "sgd", "epochs": 1}], settings, parallel=False)  # replaces the branch
@@ -175,7 +179,8 @@ def exercise(settings, source_bucket: str) -> None:
 
 @pytest.fixture(scope="module")
 def exchanges(settings, client):
-    with uploaded_bucket(client, "contract", 60) as source, LakeFSServer(settings, record=True) as server:
+    with uploaded_bucket(client, "contract", 60) as source, LakeFSServer(settings, record=True,
+                                                                             import_step_delay=0.2) as server:
         lakefs_settings = dataclasses.replace(settings, lakefs_endpoint=server.endpoint,
                                               lakefs_access_key=server.access_key,
                                               lakefs_secret_key=server.secret_key)

@@ -6,8 +6,10 @@ otherwise against the lakeFS API test double (tests/lakefs_double.py).
 
 import contextlib
 import dataclasses
+import io
 import json
 import socket
+import time
 import uuid
 
 import lakefs
@@ -323,3 +325,72 @@ def test_diff_compares_content_not_where_it_is_stored(repo, imported):
         assert [(c.path, c.type) for c in repo.ref(same).diff(repo.ref(retyped))] == [("notes.txt", "changed")]
     finally:
         branch.delete()
+
+
+# --- hardening: what was compared is what is promoted, imports reused only when nothing changed -----------------
+
+
+def test_an_overwritten_source_object_is_imported_again_not_reused(lk_settings, client):
+    with repository_over_a_new_bucket(lk_settings, client, "etag", 60) as (repository, name):
+        first = exp.import_from_bucket(repository, name, settings=lk_settings)
+        other = upload.encode_image(listing.fetch_image(name, "train/0/00001.png", client=client))
+        client.put_object(name, "train/5/00000.png", io.BytesIO(other), len(other))  # same keys, same count
+        second = exp.import_from_bucket(repository, name, settings=lk_settings)
+        assert not second.reused and second.commit_id != first.commit_id
+        assert exp.read_bytes(repository, second.commit_id, "train/5/00000.png") == other
+        assert exp.import_from_bucket(repository, name, settings=lk_settings).reused  # now nothing changed
+
+
+def test_promote_merges_the_compared_commit_even_if_the_branch_moved_on(repo, experiments, imported):
+    compared = experiments[0]
+    moved, target = f"moved-{uuid.uuid4().hex[:6]}", f"target-{uuid.uuid4().hex[:6]}"
+    branch = repo.branch(moved).create(compared.commit_id)
+    branch.object("late.txt").upload("committed after the comparison", mode="w", pre_sign=False)
+    branch.commit("a late change")
+    repo.branch(target).create(imported[1].commit_id)
+    tag = f"t-{uuid.uuid4().hex[:6]}"
+    promotion = exp.promote(repo, moved, compared.commit_id, tag=tag, destination=target)
+    merged = repo.ref(promotion.merge_commit).get_commit()
+    assert merged.metadata["promoted_commit"] == compared.commit_id
+    assert exp.read_json(repo, target, exp.METRICS_PATH) == compared.metrics
+    assert "late.txt" not in exp.list_paths(repo, target, "")
+    assert repo.tag(tag).get_commit().id == promotion.merge_commit
+    head = repo.branch(target).get_commit().id
+    with pytest.raises(versioning.LakeFSError, match=f"Tag '{tag}' already names another commit"):
+        exp.promote(repo, moved, tag=tag, destination=target)  # checked before merging: target unchanged
+    assert repo.branch(target).get_commit().id == head
+
+
+@pytest.mark.parametrize("name", ["Bad_Name", "ab", "-x-repo", "x" * 64, 7])
+def test_a_bad_repository_name_is_refused_before_any_call(lk_settings, name):
+    with pytest.raises(ParameterError, match="is not a valid lakeFS repository name"):
+        exp.ensure_repository(None, name, lk_settings)
+
+
+def test_a_missing_source_bucket_is_named(repo):
+    with pytest.raises(storage.BucketNotFound, match="t-no-such-bucket.*upload_mnist"):
+        exp.import_from_bucket(repo, "t-no-such-bucket")
+
+
+def test_an_import_past_its_deadline_is_cancelled_and_commits_nothing(repo, source_bucket, lakefs_kind):
+    if lakefs_kind != "double":
+        pytest.skip("a real lakeFS may finish this small import before its first status poll")
+    branch = f"late-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(versioning.LakeFSError, match="did not finish within 0 s and was cancelled"):
+        exp.import_from_bucket(repo, source_bucket, branch=branch, timeout=0)
+    time.sleep(0.5)  # the import's own thread has had time to finish, had it not been cancelled
+    head = repo.branch(branch).get_commit()
+    assert head.id == repo.branch(repo.properties.default_branch).get_commit().id  # still where it was created
+    assert "import_source" not in (head.metadata or {})
+
+
+def test_every_lakefs_request_has_a_timeout(lk_settings):
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        client = lakefs.Client(host=f"http://127.0.0.1:{silent.getsockname()[1]}", username="a", password="b")
+        versioning.bound_requests(client, connect_timeout=1, read_timeout=1)
+        started = time.monotonic()
+        with pytest.raises(Exception):  # noqa: B017 - urllib3's timeout, wrapped by the SDK
+            client.sdk_client.repositories_api.list_repositories()
+        assert time.monotonic() - started < 15  # without a timeout this waits for ever
