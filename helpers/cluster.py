@@ -9,6 +9,7 @@ variables (``runtime_env``), so it can open its own clients.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,17 +17,30 @@ from typing import Any
 from helpers.config import Settings, load_settings
 from helpers.tracking import bounded_requests
 
+# Set to true where every node of the cluster already has S3_ACCESS_KEY and S3_SECRET_KEY in its
+# environment: the keys then never travel in the job's runtime_env.
+KEYS_FROM_CLUSTER_ENV = "S3_KEYS_FROM_CLUSTER"
 
-def settings_env(settings: Settings) -> dict[str, str]:
+
+def keys_from_cluster() -> bool:
+    """Whether the workers take the object store's keys from their own environment (``S3_KEYS_FROM_CLUSTER``)."""
+    return os.environ.get(KEYS_FROM_CLUSTER_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
     """The environment variables that let a worker process build the same settings.
 
     ``AWS_EC2_METADATA_DISABLED`` stops the AWS SDK inside pyarrow from probing
     the EC2 metadata service, which costs seconds per process off AWS.
+
+    A job's ``runtime_env`` can be read by anyone who can reach the cluster's
+    dashboard, state or job API: with ``with_keys=False`` the S3 keys stay out
+    of it, for clusters whose nodes have them in their own environment.
     """
+    keys = {"S3_ACCESS_KEY": settings.s3_access_key, "S3_SECRET_KEY": settings.s3_secret_key} if with_keys else {}
     values = {
         "AWS_EC2_METADATA_DISABLED": "true",
-        "S3_ENDPOINT": settings.s3_url, "S3_ACCESS_KEY": settings.s3_access_key,
-        "S3_SECRET_KEY": settings.s3_secret_key, "S3_SECURE": str(settings.s3_secure).lower(),
+        "S3_ENDPOINT": settings.s3_url, **keys, "S3_SECURE": str(settings.s3_secure).lower(),
         "S3_REGION": settings.s3_region, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
         **bounded_requests(),  # a worker's MLflow calls give up in seconds when the server is gone
     }
@@ -83,7 +97,7 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
     settings = settings or load_settings()
     if ray.is_initialized():
         return ray.cluster_resources()
-    runtime_env: dict[str, Any] = {"env_vars": settings_env(settings)}
+    runtime_env: dict[str, Any] = {"env_vars": settings_env(settings, with_keys=not keys_from_cluster())}
     # "local" always starts a fresh local Ray; None would join any cluster a
     # `ray start` left behind on this machine.
     address = settings.ray_address or "local"

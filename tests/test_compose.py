@@ -209,3 +209,30 @@ def test_one_lakefs_version_everywhere(compose):
     tag = compose["services"]["lakefs"]["image"].rsplit(":", 1)[1]
     pinned = re.search(r"^lakefs-sdk==(\S+)", (ROOT / "requirements.txt").read_text(), re.M)
     assert pinned and tag == lakefs_binary.LAKEFS_VERSION == pinned.group(1) == lakefs_sdk.__version__
+
+
+def _secrets_check(compose, environment: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run the check-secrets service's own shell command (compose's $$ unescaped) with ``environment``."""
+    command = compose["services"]["check-secrets"]["entrypoint"].replace("$$", "$")
+    assert command.startswith("/bin/sh -c '") and command.rstrip().endswith("'")
+    script = command.strip()[len("/bin/sh -c '"):-1]
+    return subprocess.run(["/bin/sh", "-c", script], env=environment, capture_output=True, text=True, timeout=10)
+
+
+def test_compose_refuses_the_placeholder_secrets_of_env_example(compose):
+    service = compose["services"]["check-secrets"]
+    placeholders = {k: v for k, v in dotenv_values(ROOT / ".env.example").items() if v}
+    checked = set(service["environment"])
+    assert {k for k, v in placeholders.items() if "change" in v.lower()} - {"S3_ACCESS_KEY", "S3_SECRET_KEY"} \
+        <= checked, "every placeholder secret compose reads is checked"
+    refused = _secrets_check(compose, placeholders)
+    assert refused.returncode == 1
+    assert refused.stdout.strip().startswith("MINIO_ROOT_USER in .env is still the placeholder")
+    own = {name: f"a-real-value-{i}" for i, name in enumerate(checked)}
+    assert _secrets_check(compose, own).returncode == 0
+    for name in checked:  # each one alone is caught
+        result = _secrets_check(compose, {**own, name: placeholders[name]})
+        assert result.returncode == 1 and result.stdout.startswith(f"{name} in .env")
+    # nothing starts before the check passed: minio waits for it, everything else waits for minio
+    assert compose["services"]["minio"]["depends_on"]["check-secrets"]["condition"] == \
+        "service_completed_successfully"

@@ -306,3 +306,24 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     exposed = [f"{c.laddr.ip}:{c.laddr.port}" for c in listening
                if not ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:")).is_loopback]
     assert not exposed, f"reachable from the network: {exposed}"
+
+
+def test_the_s3_keys_can_stay_out_of_ray_s_runtime_env(settings, monkeypatch):
+    import ray
+
+    def worker_env():
+        return ray.get(ray.remote(lambda: ray.get_runtime_context().runtime_env.get("env_vars", {})).remote())
+
+    cluster.shutdown_ray()
+    try:
+        monkeypatch.setenv(cluster.KEYS_FROM_CLUSTER_ENV, "true")  # the nodes have the keys themselves
+        cluster.init_ray(settings, num_cpus=1)
+        shipped = worker_env()
+        assert "S3_SECRET_KEY" not in shipped and "S3_ACCESS_KEY" not in shipped
+        assert shipped["S3_ENDPOINT"] == settings.s3_url and shipped["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+        cluster.shutdown_ray()
+        monkeypatch.delenv(cluster.KEYS_FROM_CLUSTER_ENV)
+        cluster.init_ray(settings, num_cpus=1)  # the default: the keys travel with the job
+        assert worker_env()["S3_SECRET_KEY"] == settings.s3_secret_key
+    finally:
+        cluster.shutdown_ray()

@@ -286,3 +286,16 @@ def test_a_damaged_manifest_or_append_marker_is_named_with_the_fix(client, uploa
     client.put_object(bucket, upload.APPEND_MARKER_KEY, io.BytesIO(b"{}"), 2)
     with pytest.raises(storage.StorageError, match="append marker .* is damaged. Delete it"):
         upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
+
+
+@pytest.mark.timeout(120)
+def test_two_uploads_at_once_end_with_one_complete_copy(client, bucket):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:  # two notebooks running notebook 01's upload together
+        reports = list(pool.map(lambda _: upload.upload_mnist(bucket, 600, client=client, progress=False), range(2)))
+    assert all(r.planned == 700 for r in reports)
+    keys = listing.list_objects_parallel(bucket, client=client)
+    assert len(keys) == len(set(keys)) == 700
+    assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
+    assert upload.verify_upload(bucket, 600, client=client) == []  # every object is its image
