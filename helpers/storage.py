@@ -162,11 +162,16 @@ def object_store_errors(client: Minio, bucket: str | None = None) -> Iterator[No
 
 
 def ensure_bucket(client: Minio, bucket: str) -> bool:
-    """Create ``bucket`` if it is missing. Returns True when it was created."""
+    """Create ``bucket`` if it is missing. Returns True when it was created (safe when two callers race)."""
     with object_store_errors(client, bucket):
         if client.bucket_exists(bucket):
             return False
-        client.make_bucket(bucket)
+        try:
+            client.make_bucket(bucket)
+        except S3Error as err:
+            if err.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                raise
+            return False  # another notebook created it between the two calls
         return True
 
 
