@@ -3,8 +3,8 @@
 Where ``S3_ENDPOINT`` is set, the tests use the services it points at.
 Otherwise a private embedded stack is started on free ports in a temporary
 folder (never the developer's ``.stack``) and its endpoints are exported,
-so notebooks executed by papermill or nbval see them too. It is started on
-first need, by a test fixture or by the first nbval cell.
+so notebooks executed by papermill see them too. It is started on first
+need, by a test fixture.
 
 lakeFS: where ``LAKEFS_ENDPOINT`` is set, the lakeFS tests run against that
 server. Otherwise the lakeFS API test double (``tests/lakefs_double.py``)
@@ -71,14 +71,6 @@ def session_lakefs() -> str:
     os.environ.update(server.env())
     _SESSION["lakefs"], _SESSION["lakefs_server"] = "double", server
     return "double"
-
-
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Start the services for nbval cells, which are not functions and so get no fixtures."""
-    if type(item).__module__.startswith("nbval"):
-        session_stack()
-        if "lakefs" in str(item.fspath):
-            session_lakefs()
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

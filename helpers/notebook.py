@@ -80,7 +80,7 @@ def setup(quiet: bool = True) -> None:
         return
 
     def one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
-        # Still an error (with its name) for papermill and nbval; only the display is shortened.
+        # Still an error (with its name) for papermill; only the display is shortened.
         error = user_error(value)
         shell.showtraceback((type(error), error, None), exception_only=True)
 

@@ -17,13 +17,26 @@ def summary(output) -> dict:
     return next(o["data"]["application/json"] for o in cells[0]["outputs"] if "application/json" in o.get("data", {}))
 
 
+CHECK_OUTPUT = "# CHECK_OUTPUT"  # a cell whose printed output must equal the committed one
+
+
+def printed(cell) -> str:
+    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+
+
 def run(name, tmp_path, **parameters):
+    """Execute a notebook (the only execution of it in the test run) and check what every run must show."""
     notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
     result = runner.execute(notebook, tmp_path / notebook.name, parameters)
     assert result.status == "ok", result.message
     cells = json.loads(result.output.read_text())["cells"]
     solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
     assert solutions and all(c["execution_count"] for c in solutions), "every exercise's solution ran"
+    committed = {c["id"]: c for c in json.loads(notebook.read_text())["cells"]}
+    for ran in cells:
+        if ran["cell_type"] == "code" and "".join(ran["source"]).startswith(CHECK_OUTPUT):
+            expected = printed(committed[ran["id"]])
+            assert printed(ran) == expected != "", f"{notebook.name}: a checked cell printed something else"
     return summary(result.output)
 
 
