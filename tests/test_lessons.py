@@ -131,6 +131,19 @@ def test_helpers_stay_thin_plumbing():
                 assert length <= 60, f"{path.name}: {node.name} is {length} lines"
 
 
+def test_every_checkpoint_is_loaded_without_running_code():
+    """A checkpoint in the bucket is data anyone with write access can replace: torch.load must not unpickle code."""
+    calls = []
+    for path in sorted((project_root() / "helpers").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "load" \
+                    and getattr(node.func.value, "id", "") == "torch":
+                flags = {k.arg: getattr(k.value, "value", None) for k in node.keywords}
+                calls.append((path.name, node.lineno, flags.get("weights_only")))
+    assert calls, "the checkpoints are loaded somewhere"
+    assert all(flag is True for *_, flag in calls), [c for c in calls if c[2] is not True]
+
+
 def test_helpers_pass_the_linter():
     """Also catches a generated module that uses a name its notebook imported in another, unsaved cell."""
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "helpers"], cwd=project_root(),
