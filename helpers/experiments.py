@@ -22,7 +22,8 @@ from helpers import tracking
 from helpers.config import ParameterError, Settings, check_count, check_positive, load_settings
 from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
-from helpers.storage import bucket_not_found, endpoint_of, ensure_bucket, get_client, object_store_errors
+from helpers.storage import (REPAIR_HINT, ObjectDecodeError, bucket_not_found, endpoint_of, ensure_bucket, get_client,
+                             object_store_errors)
 from helpers.training import accuracy, log_dataset, log_torch_model, make_optimizer, model_from_params
 from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store, connect,
                                 lakefs_errors, storage_namespace)
@@ -163,7 +164,17 @@ def read_split(repo, ref: str, split: str, limit: int = 0, seed: int = 0,
         raise LakeFSError(f"No {split}/ objects at {ref}: import the data first (import_from_bucket).")
     with ThreadPoolExecutor(threads) as pool:
         bodies = list(pool.map(lambda p: read_bytes(repo, ref, p), paths))
-    return decode_images(bodies), np.asarray([labels[p] for p in paths], dtype=np.int64), paths
+    try:
+        images = decode_images(bodies)
+    except Exception:  # name the object that is not an image
+        for path, body in zip(paths, bodies, strict=True):
+            try:
+                decode_images([body])
+            except Exception as err:
+                raise ObjectDecodeError(f"Object '{path}' at lakeFS ref {ref[:12]} is not a readable image "
+                                        f"({type(err).__name__}). {REPAIR_HINT}") from None
+        raise
+    return images, np.asarray([labels[p] for p in paths], dtype=np.int64), paths
 
 
 DEFAULT_LR = {"sgd": 0.05, "adam": 0.002}

@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -15,7 +16,7 @@ from tqdm.std import tqdm as tqdm_text
 from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
-from helpers.storage import StorageError
+from helpers.storage import REPAIR_HINT, ObjectDecodeError, StorageError
 from helpers.tracking import TrackingUnavailable, bounded_requests
 from helpers.versioning import LakeFSError
 
@@ -82,9 +83,16 @@ def setup(quiet: bool = True) -> None:
     def one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
         # Still an error (with its name) for papermill; only the display is shortened.
         error = user_error(value)
+        if not isinstance(error, USER_ERRORS):  # a ValueError of another kind: the whole traceback, as always
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+            return
         shell.showtraceback((type(error), error, None), exception_only=True)
 
-    shell.set_custom_exc(USER_ERRORS, one_line)
+    # ValueError too: Ray's read_images reports an object that is not an image as one (see user_error).
+    shell.set_custom_exc((*USER_ERRORS, ValueError), one_line)
+
+
+_UNREADABLE_IMAGE = re.compile(r"couldn't load image file at path '([^']+)'")
 
 
 def user_error(value: BaseException) -> BaseException:
@@ -96,6 +104,10 @@ def user_error(value: BaseException) -> BaseException:
     its retry advice below it).
     """
     cause = getattr(value, "cause", None)
+    unreadable = _UNREADABLE_IMAGE.search(str(cause)) if isinstance(cause, ValueError) else None
+    if unreadable:  # ray.data.read_images: "PIL couldn't load image file at path '<bucket>/<key>'"
+        bucket, _, key = unreadable.group(1).partition("/")
+        return ObjectDecodeError(f"Object '{key}' in bucket '{bucket}' is not a readable image. {REPAIR_HINT}")
     if not isinstance(cause, USER_ERRORS):
         return value
     try:

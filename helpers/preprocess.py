@@ -18,7 +18,8 @@ from PIL import Image
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data
-from helpers.storage import ObjectDecodeError, ObjectMissing, StorageError, get_client, read_object, s3_filesystem
+from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client, read_object,
+                             s3_filesystem)
 
 
 def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None):
@@ -75,10 +76,6 @@ def normalise(pixels) -> np.ndarray:
 def decode_images(bodies: Sequence[bytes]) -> np.ndarray:
     """Encoded images -> ``float32 [n, 1, 28, 28]`` in [-1, 1]."""
     return normalise(np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies]))
-
-
-REPAIR_HINT = ("Repair it: run helpers.upload.upload_mnist(bucket, smoke_test_size) again (notebook 01), which "
-               "re-uploads every object that differs from MNIST, or delete the object.")
 
 
 def fetch_decode(client, bucket: str, key: str) -> np.ndarray:

@@ -53,6 +53,10 @@ class ObjectMissing(StorageError):
     """One object is not in the bucket (the store itself answered)."""
 
 
+# What to do about an object that is not the image it should be.
+REPAIR_HINT = ("Repair it: run helpers.upload.upload_mnist(bucket, smoke_test_size) again (notebook 01), which "
+               "re-uploads every object that differs from MNIST, or delete the object.")
+
 # Buckets the tutorial's own state lives in: deleting one needs force=True.
 PROTECTED_BUCKETS = frozenset({"mnist", "mlflow", "lakefs"})
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

@@ -308,6 +308,36 @@ def test_a_local_ray_listens_on_loopback_only(ray_local):
     assert not exposed, f"reachable from the network: {exposed}"
 
 
+def test_read_images_names_an_object_that_is_not_an_image(ray_local, broken_bucket):
+    with pytest.raises(ValueError) as err:  # Ray's own reader: RayTaskError(ValueError)
+        preprocess.read_images_dataset(broken_bucket, "train").materialize()
+    line = notebook.user_error_line(err.value)
+    assert line == (f"ObjectDecodeError: Object 'train/3/corrupt.png' in bucket '{broken_bucket}' is not a readable "
+                    f"image. {storage.REPAIR_HINT}")
+
+
+def test_a_notebook_shows_user_errors_in_one_line_and_other_errors_whole(capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        notebook.setup()
+        shell.run_cell("from helpers.config import ParameterError\n"
+                       "raise ParameterError('max_workers=0 is out of range')")
+        short = capsys.readouterr()
+        shell.run_cell("int('not a number')")  # a ValueError of another kind keeps its traceback
+        whole = capsys.readouterr()
+    finally:
+        shell.set_custom_exc((), None)
+        InteractiveShell.clear_instance()
+    import re
+
+    short_text, whole_text = (re.sub(r"\x1b\[[0-9;]*m", "", c.out + c.err) for c in (short, whole))  # no colours
+    assert "ParameterError: max_workers=0 is out of range" in short_text
+    assert "Traceback" not in short_text and "Cell In[" not in short_text
+    assert "invalid literal for int()" in whole_text and "Cell In[" in whole_text
+
+
 def test_the_s3_keys_can_stay_out_of_ray_s_runtime_env(settings, monkeypatch):
     import ray
 

@@ -394,3 +394,13 @@ def test_every_lakefs_request_has_a_timeout(lk_settings):
         with pytest.raises(Exception):  # noqa: B017 - urllib3's timeout, wrapped by the SDK
             client.sdk_client.repositories_api.list_repositories()
         assert time.monotonic() - started < 15  # without a timeout this waits for ever
+
+
+def test_an_object_read_from_lakefs_that_is_not_an_image_is_named(repo, imported):
+    name = f"bad-{uuid.uuid4().hex[:6]}"
+    branch = repo.branch(name).create(imported[1].commit_id)
+    branch.object("test/3/bad.png").upload("not an image", mode="w", pre_sign=False)
+    branch.commit("an object that is not an image")
+    with pytest.raises(storage.ObjectDecodeError, match=f"Object 'test/3/bad.png' at lakeFS ref {name} is not a"):
+        exp.read_split(repo, name, "test")
+    branch.delete()
