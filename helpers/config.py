@@ -87,6 +87,15 @@ def check_positive(name: str, value: object, maximum: float | None = None) -> fl
     return float(value)
 
 
+def check_fraction(name: str, value: object) -> float:
+    """``value`` as a float when it is a number from 0 up to (not including) 1, else one :class:`ParameterError`."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+        raise ParameterError(f"{name} must be a number from 0 up to (not including) 1, not {value!r}.")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where every service lives and how to log in to it.

@@ -19,7 +19,7 @@ import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from mlflow.tracking import MlflowClient
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, check_count, check_positive, load_settings
+from helpers.config import ParameterError, Settings, check_count, check_fraction, check_positive, load_settings
 from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
 from helpers.storage import (REPAIR_HINT, ObjectDecodeError, bucket_not_found, endpoint_of, ensure_bucket, get_client,
@@ -200,9 +200,7 @@ def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
     for name in ("train_size", "test_size"):  # 0: all the images
         check_count(f"{name} (0: all)", params[name], 70_000, minimum=0)
     check_count("seed", params["seed"], 2**32 - 1, minimum=0)
-    momentum = params["momentum"]
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-        raise ParameterError(f"momentum must be a number from 0 up to (not including) 1, not {momentum!r}.")
+    check_fraction("momentum", params["momentum"])
     return params
 
 

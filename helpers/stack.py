@@ -199,7 +199,7 @@ def _http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def _our_process(record: dict, state: Path) -> psutil.Process | None:
+def _our_process(record: dict) -> psutil.Process | None:
     """The recorded process if it is alive and is the one ``up`` started: same pid, start time and executable.
 
     A pid alone is not enough: after a reboot or a crash the number can belong to any program.
@@ -218,7 +218,7 @@ def _our_process(record: dict, state: Path) -> psutil.Process | None:
 def _running(state: Path, service: str) -> psutil.Process | None:
     """The service's process if its pid file names a live process of ours."""
     record = _read_pid_record(state, service)
-    return _our_process(record, state) if record else None
+    return _our_process(record) if record else None
 
 
 def _read_pid_record(state: Path, service: str) -> dict | None:

@@ -20,7 +20,7 @@ import torch
 from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
-from helpers.config import ParameterError, Settings, check_count, check_positive, load_settings
+from helpers.config import ParameterError, Settings, check_count, check_fraction, check_positive, load_settings
 from helpers.storage import s3_filesystem
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
@@ -116,9 +116,7 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """
     check_count("epochs", params["epochs"], 10_000)
     check_positive("lr", params["lr"], maximum=10.0)
-    momentum = params.get("momentum", 0.0)
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-        raise ParameterError(f"momentum must be a number from 0 up to (not including) 1, not {momentum!r}.")
+    check_fraction("momentum", params.get("momentum", 0.0))
     check_count("batch_size_per_worker", params.get("batch_size_per_worker", 64), 100_000)
     hidden = params.get("hidden_sizes", (128, 64))
     if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__len__") or not len(hidden):

@@ -404,3 +404,15 @@ def test_an_object_read_from_lakefs_that_is_not_an_image_is_named(repo, imported
     with pytest.raises(storage.ObjectDecodeError, match=f"Object 'test/3/bad.png' at lakeFS ref {name} is not a"):
         exp.read_split(repo, name, "test")
     branch.delete()
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"train_size": -5}, "train_size \\(0: all\\)=-5 is out of range"),  # silently dropped 5 images before
+    ({"batch_size": 0}, "batch_size=0 is out of range"),
+    ({"lr": -0.1}, "lr=-0.1 is out of range"),
+    ({"epochs": "3"}, "epochs must be a whole number"),
+    ({"momentum": 1.5}, "momentum must be a number from 0 up to"),
+])
+def test_bad_experiment_parameters_are_one_clear_error(override, message):
+    with pytest.raises(ParameterError, match=message):
+        exp.experiment_params(override)
