@@ -339,21 +339,33 @@ def test_a_notebook_shows_user_errors_in_one_line_and_other_errors_whole(capsys)
 
 
 def test_the_s3_keys_can_stay_out_of_ray_s_runtime_env(settings, monkeypatch):
+    monkeypatch.setenv(cluster.KEYS_FROM_CLUSTER_ENV, "true")  # the nodes have the keys themselves
+    shipped = cluster.cluster_runtime_env(settings)["env_vars"]
+    assert "S3_SECRET_KEY" not in shipped and "S3_ACCESS_KEY" not in shipped
+    assert shipped["S3_ENDPOINT"] == settings.s3_url and shipped["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
+    monkeypatch.delenv(cluster.KEYS_FROM_CLUSTER_ENV)
+    assert cluster.cluster_runtime_env(settings)["env_vars"]["S3_SECRET_KEY"] == settings.s3_secret_key
+
+
+def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settings, monkeypatch):
+    import os
+
     import ray
 
-    def worker_env():
-        return ray.get(ray.remote(lambda: ray.get_runtime_context().runtime_env.get("env_vars", {})).remote())
+    def worker_view():
+        return ray.get(ray.remote(lambda: (ray.get_runtime_context().runtime_env.get("env_vars", {}),
+                                           {k: os.environ.get(k) for k in cluster.WORKER_SETTINGS})).remote())
 
     cluster.shutdown_ray()
+    monkeypatch.setenv("S3_ENDPOINT", "http://127.0.0.1:1")  # another stack's, left in the driver's environment
+    monkeypatch.delenv("S3_SECRET_KEY", raising=False)
     try:
-        monkeypatch.setenv(cluster.KEYS_FROM_CLUSTER_ENV, "true")  # the nodes have the keys themselves
         cluster.init_ray(settings, num_cpus=1)
-        shipped = worker_env()
-        assert "S3_SECRET_KEY" not in shipped and "S3_ACCESS_KEY" not in shipped
-        assert shipped["S3_ENDPOINT"] == settings.s3_url and shipped["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
-        cluster.shutdown_ray()
-        monkeypatch.delenv(cluster.KEYS_FROM_CLUSTER_ENV)
-        cluster.init_ray(settings, num_cpus=1)  # the default: the keys travel with the job
-        assert worker_env()["S3_SECRET_KEY"] == settings.s3_secret_key
+        job_env, worker_env = worker_view()
+        assert job_env == {}  # nothing in the job's runtime_env: Ray can use the workers it started ahead of time
+        assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
+        assert worker_env["MLFLOW_TRACKING_URI"] == settings.mlflow_tracking_uri
+        # The driver's own environment is as it was.
+        assert os.environ["S3_ENDPOINT"] == "http://127.0.0.1:1" and "S3_SECRET_KEY" not in os.environ
     finally:
         cluster.shutdown_ray()
