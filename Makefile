@@ -55,6 +55,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_training.py
 	$(PY) benchmarks/bench_tune.py
 	$(PY) benchmarks/bench_tune.py --smoke-test-size 12000
+	$(PY) benchmarks/bench_smoke.py --lakefs-double
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py

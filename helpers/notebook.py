@@ -13,6 +13,7 @@ from typing import Any
 
 from tqdm.std import tqdm as tqdm_text
 
+from helpers import timings
 from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
@@ -66,6 +67,7 @@ def skip_notebook(needs: str, reason: object) -> None:
 
 def setup(quiet: bool = True) -> None:
     """Prepare a notebook: keep library log noise out of the outputs and show user errors in one line."""
+    timings.record("kernel start + imports", timings.process_started())
     if quiet:
         for name in ("urllib3", "botocore", "mlflow", "alembic", "ray", "filelock"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -126,11 +128,12 @@ def user_error_line(value: BaseException) -> str:
 def timed(label: str) -> Iterator[dict[str, float]]:
     """Time a block and print ``label: N.NN s``; the seconds are in the yielded dict's ``"seconds"``."""
     result: dict[str, float] = {}
-    started = time.perf_counter()
+    started, wall = time.perf_counter(), time.time()
     try:
         yield result
     finally:
         result["seconds"] = time.perf_counter() - started
+        timings.record(label, wall)
         print(f"{label}: {result['seconds']:.2f} s")
 
 

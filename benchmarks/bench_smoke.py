@@ -1,0 +1,238 @@
+"""The smoke path a learner waits for: every notebook at its default parameters, with where each second goes.
+
+Runs the notebooks (``helpers.runner``) on the warm stack ``--repeats`` times
+and records, per notebook, the total and a breakdown: the spans the code
+records (``helpers.timings``: imports, Ray start, each Ray Data pipeline,
+training, each epoch's compute and checkpoint + report, each Tune trial) and
+every cell's duration (MLflow and object-store cells show up there). The same
+run times a yardstick, one epoch of a plain PyTorch loop, and reports every
+figure also in yardsticks, so runs on machines of different speed compare.
+
+    python benchmarks/bench_smoke.py                  # 01-05 (06 too where lakeFS runs), 3 repeats
+    python benchmarks/bench_smoke.py --lakefs-double  # 06 against the tests' lakeFS API double where none runs
+    python benchmarks/bench_smoke.py --label before   # stored under "before" in smoke.json
+
+Writes ``benchmarks/results/smoke.json``, keeping the other labels already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import RESULTS, machine, print_table  # noqa: E402
+
+TIMINGS_ENV = "SMOKE_TIMINGS"  # helpers.timings reads the same name
+# Targets in yardsticks (a plain PyTorch epoch of the same run).
+TARGETS = {"notebooks 01-05": 130, "any notebook": 45, "04": 33, "ray start": 9, "06": 65}
+
+
+def yardstick(repeats: int = 3) -> float:
+    """Median seconds of one epoch of a plain PyTorch loop: 60,000 random 784-float inputs, batch 128,
+    the 784-128-64-10 MLP with SGD, 2 threads, after a warm-up epoch."""
+    import torch
+    from torch import nn
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        x, y = torch.randn(60_000, 784, generator=generator), torch.randint(0, 10, (60_000,), generator=generator)
+        net = nn.Sequential(nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10),
+                            nn.LogSoftmax(dim=1))
+        optimizer, loss_fn = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9), nn.NLLLoss()
+
+        def epoch() -> float:
+            started = time.perf_counter()
+            for i in range(0, len(x), 128):
+                optimizer.zero_grad()
+                loss_fn(net(x[i:i + 128]), y[i:i + 128]).backward()
+                optimizer.step()
+            return time.perf_counter() - started
+
+        epoch()
+        return statistics.median(epoch() for _ in range(repeats))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def read_spans(path: Path) -> list[dict]:
+    """The spans a notebook's processes recorded (JSON lines; none when it recorded nothing)."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cell_durations(notebook: Path, minimum: float = 0.5) -> list[dict]:
+    """Cells that took at least ``minimum`` seconds: index, first code line, seconds (papermill's metadata)."""
+    cells = []
+    for index, cell in enumerate(json.loads(notebook.read_text())["cells"]):
+        seconds = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if seconds is None or seconds < minimum:
+            continue
+        lines = [line for line in "".join(cell["source"]).splitlines()
+                 if line.strip() and not line.startswith(("#@save", "# Solution", "# CHECK_OUTPUT"))]
+        cells.append({"cell": index, "first_line": (lines[0] if lines else "")[:80], "seconds": round(seconds, 2)})
+    return cells
+
+
+def breakdown(spans: list[dict]) -> dict[str, dict]:
+    """Spans summed by label, plus Ray Train's start and teardown (gaps around the workers' epochs)."""
+    table: dict[str, dict] = {}
+    for span in spans:
+        row = table.setdefault(span["label"], {"seconds": 0.0, "count": 0})
+        row["seconds"] += span["end"] - span["start"]
+        row["count"] += 1
+    training = [s for s in spans if s["label"] == "training"]
+    epochs = sorted((s for s in spans if s["label"].startswith("train: ")), key=lambda s: s["start"])
+    if training and epochs:
+        fit = training[-1]
+        table["train: start (fit to first epoch)"] = {"seconds": epochs[0]["start"] - fit["start"], "count": 1}
+        table["train: teardown (last report to fit's return)"] = {
+            "seconds": fit["end"] - max(s["end"] for s in epochs), "count": 1}
+    return {label: {"seconds": round(row["seconds"], 2), "count": row["count"]} for label, row in table.items()}
+
+
+def lakefs_answers(settings) -> bool:
+    """Whether a lakeFS answers at the settings' endpoint."""
+    from helpers import versioning
+
+    try:
+        versioning.connect(settings, timeout=3.0)
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: not there
+        return False
+
+
+def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict]) -> list[dict]:
+    """Execute ``notebooks`` once each (``parameters`` by notebook number); their totals, spans and cells."""
+    from helpers.runner import execute
+
+    rows = []
+    for notebook in notebooks:
+        spans_file = out_dir / f"{notebook.stem}.timings.jsonl"
+        os.environ[TIMINGS_ENV] = str(spans_file)
+        try:
+            run = execute(notebook, out_dir / notebook.name, parameters.get(notebook.name[:2]))
+        finally:
+            os.environ.pop(TIMINGS_ENV, None)
+        print(f"  {notebook.name}: {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
+        spans = read_spans(spans_file)
+        rows.append({"notebook": notebook.name[:2], "status": run.status, "seconds": round(run.seconds, 2),
+                     "breakdown": breakdown(spans),
+                     "cells": cell_durations(run.output) if run.output.is_file() else []})
+    return rows
+
+
+def summarise(repeats: list[list[dict]], stick: float) -> list[dict]:
+    """Per notebook: the median total and median breakdown over the repeats, in seconds and yardsticks."""
+    summary = []
+    for index, first in enumerate(repeats[0]):
+        runs = [repeat[index] for repeat in repeats]
+        seconds = statistics.median(run["seconds"] for run in runs)
+        labels = {label for run in runs for label in run["breakdown"]}
+        parts = {label: round(statistics.median(run["breakdown"].get(label, {}).get("seconds", 0.0)
+                                                for run in runs), 2) for label in sorted(labels)}
+        summary.append({"notebook": first["notebook"], "status": sorted({run["status"] for run in runs}),
+                        "seconds": round(seconds, 1), "yardsticks": round(seconds / stick, 1),
+                        "breakdown_seconds": parts,
+                        "breakdown_yardsticks": {k: round(v / stick, 1) for k, v in parts.items()}})
+    return summary
+
+
+def verdict(summary: list[dict], stick: float) -> dict[str, dict]:
+    """Each target of the smoke path against what this run measured (in yardsticks)."""
+    by_name = {row["notebook"]: row for row in summary}
+    first_five = [by_name[n]["yardsticks"] for n in ("01", "02", "03", "04", "05") if n in by_name]
+    checks = {"notebooks 01-05": round(sum(first_five), 1) if len(first_five) == 5 else None,
+              "any notebook": max((row["yardsticks"] for n, row in by_name.items() if n != "06"), default=None),
+              "04": by_name["04"]["yardsticks"] if "04" in by_name else None,
+              "ray start": max((row["breakdown_yardsticks"]["ray start"] for row in summary
+                                if "ray start" in row["breakdown_yardsticks"]), default=None),
+              "06": by_name["06"]["yardsticks"] if "06" in by_name and by_name["06"]["status"] == ["ok"] else None}
+    return {name: {"measured": value, "target": TARGETS[name],
+                   "met": None if value is None else value <= TARGETS[name]} for name, value in checks.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the smoke benchmark and write ``benchmarks/results/smoke.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--label", default="after", help="key under which smoke.json keeps this run")
+    parser.add_argument("--only", nargs="*", help="notebook numbers (default: all)")
+    parser.add_argument("--lakefs-double", action="store_true",
+                        help="where no lakeFS answers, run notebook 06 against the API double (tests/lakefs_double.py)")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+
+    from helpers import stack
+    from helpers.config import load_settings, project_root
+    from helpers.runner import notebook_paths
+
+    settings = stack.ensure_stack()
+    lakefs, server = "", None
+    if args.lakefs_double and not lakefs_answers(settings):
+        sys.path.insert(0, str(project_root()))
+        from tests.lakefs_double import LakeFSServer
+
+        server = LakeFSServer(settings).__enter__()
+        os.environ.update(server.env())
+        lakefs = "the API double of the tests (tests/lakefs_double.py), not a lakeFS server"
+    notebooks = [p for p in notebook_paths() if not args.only or p.name[:2] in args.only]
+
+    print("yardstick: one plain PyTorch epoch ...", flush=True)
+    stick = yardstick()
+    print(f"yardstick: {stick:.3f} s", flush=True)
+    repeats = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="smoke-") as folder:
+            for number in range(args.repeats):
+                print(f"run {number + 1} of {args.repeats}", flush=True)
+                out_dir = Path(folder) / str(number)
+                out_dir.mkdir()
+                # The double forgets its repositories when it stops, the bucket keeps their namespaces:
+                # a new repository name per run (a real lakeFS keeps the repository and reuses it).
+                parameters = {"06": {"repo_name": f"smoke-{uuid.uuid4().hex[:8]}"}} if server else {}
+                repeats.append(run_once(notebooks, out_dir, parameters))
+    finally:
+        if server is not None:
+            server.__exit__(None, None, None)
+    summary = summarise(repeats, stick)
+    if not lakefs:
+        ran_06 = any(row["notebook"] == "06" and row["status"] == ["ok"] for row in summary)
+        lakefs = f"lakeFS at {load_settings().lakefs_endpoint}" if ran_06 else "not available: notebook 06 skipped"
+    targets = verdict(summary, stick)
+
+    path = RESULTS / "smoke.json"
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    stored.update({"benchmark": "smoke", "targets_in_yardsticks": TARGETS})
+    stored.setdefault("runs", {})[args.label] = {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
+        "yardstick_seconds": round(stick, 3), "repeats": args.repeats, "lakefs": lakefs,
+        "notebooks": summary, "targets": targets, "raw": repeats}
+    RESULTS.mkdir(exist_ok=True)
+    path.write_text(json.dumps(stored, indent=2) + "\n")
+
+    print_table(f"Smoke path ({args.label}; median of {args.repeats}; yardstick {stick:.2f} s)",
+                [{"notebook": r["notebook"], "status": "/".join(r["status"]), "seconds": r["seconds"],
+                  "yardsticks": r["yardsticks"],
+                  "largest parts (s)": ", ".join(f"{k} {v:.1f}" for k, v in sorted(
+                      r["breakdown_seconds"].items(), key=lambda kv: -kv[1])[:4])} for r in summary],
+                ["notebook", "status", "seconds", "yardsticks", "largest parts (s)"])
+    print_table("Targets (yardsticks)", [{"check": k, **v} for k, v in targets.items()],
+                ["check", "measured", "target", "met"])
+    print(f"\nwritten: {path}")
+    return 0 if all(r["status"] == ["ok"] or r["status"] == ["skipped"] for r in summary) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
