@@ -249,11 +249,14 @@ def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] |
 
 
 def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarray]:
-    """Pointer rows -> rows holding the encoded image bytes (what a Parquet shard stores)."""
+    """Pointer rows -> what a Parquet shard stores: key, label and the decoded ``uint8 [28, 28]`` pixels.
+
+    Decoding once here, not on every read, leaves a reader nothing to do but read and scale.
+    """
     client = get_client(load_settings(), max_connections=16)
     with ThreadPoolExecutor(16) as pool:
-        bodies = list(pool.map(lambda key: read_object(client, bucket, str(key)), batch["X"]))
-    return {"key": batch["X"], "label": np.asarray(batch["y"], dtype=np.int64), "image": np.array(bodies, dtype=object)}
+        pixels = list(pool.map(lambda key: fetch_decode(client, bucket, str(key)), batch["X"]))
+    return {"key": batch["X"], "label": np.asarray(batch["y"], dtype=np.int64), "pixels": np.stack(pixels)}
 
 
 CURRENT_FILE = "CURRENT"  # names the folder of the complete set of shards
@@ -303,17 +306,27 @@ def packed_path(bucket: str, split: str = "train", settings: Settings | None = N
                            "pack_parquet_shards(ds, bucket) (notebook 03).") from None
 
 
-def decode_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Packed rows (encoded ``image`` bytes, ``label``) -> decoded, normalised batches."""
-    return {"X": decode_images(list(batch["image"])), "y": np.asarray(batch["label"], dtype=np.int64)}
+def scale_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Packed rows (``pixels`` uint8, ``label``) -> the same normalised batches as the other readers."""
+    return {"X": normalise(batch["pixels"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
 def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings | None = None):
-    """The packed shards via ``ray.data.read_parquet``, decoded to the same batches as the other readers."""
+    """The packed shards via ``ray.data.read_parquet``, scaled to the same batches as the other readers.
+
+    Raises:
+        StorageError: the shards hold no ``pixels`` column (packed by an older version: pack them again).
+    """
+    import pyarrow.parquet as pq
     import ray.data
 
-    ds = ray.data.read_parquet(packed_path(bucket, split, settings), filesystem=s3_filesystem(settings))
-    return ds.select_columns(["label", "image"]).map_batches(decode_packed, batch_size=1000)
+    folder, filesystem = packed_path(bucket, split, settings), s3_filesystem(settings)
+    columns = pq.ParquetDataset(folder, filesystem=filesystem).schema.names
+    if "pixels" not in columns:
+        raise StorageError(f"The shards under {folder}/ hold {columns}, not decoded 'pixels': they were packed "
+                           "by an older version. Pack them again with pack_parquet_shards(ds, bucket).")
+    ds = ray.data.read_parquet(folder, filesystem=filesystem, columns=["label", "pixels"])
+    return ds.map_batches(scale_packed, batch_size=4096)
 
 
 def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
@@ -326,16 +339,25 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
                   seed: int = 0):
     """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
 
-    The training pointers are shuffled (seeded) first.
+    The training pointers are shuffled (seeded) first. Both splits go through one actor
+    pipeline, in order, and are cut apart after it: one pool of actors to start, not two.
     """
+    import ray.data
+
     check_count("num_actors", num_actors, 1024)
     settings = settings or load_settings()
     init_ray(settings)
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
                                                               get_client(settings))
     x_train, y_train = shuffle_pointers(x_train, y_train, seed)
-    train_ds = preprocess_with_actors(to_ray_dataset(x_train, y_train), bucket, num_actors=num_actors).materialize()
-    test_ds = preprocess_with_actors(to_ray_dataset(x_test, y_test), bucket, num_actors=num_actors).materialize()
+    pointers = to_ray_dataset([*x_train, *x_test], [*y_train, *y_test])
+    options = ray.data.DataContext.get_current().execution_options
+    in_order, options.preserve_order = options.preserve_order, True  # rows come out in the order they went in
+    try:
+        both = preprocess_with_actors(pointers, bucket, num_actors=num_actors).materialize()
+    finally:
+        options.preserve_order = in_order
+    train_ds, test_ds = both.split_at_indices([len(x_train)])
     return train_ds, test_ds
 
 

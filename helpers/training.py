@@ -20,6 +20,7 @@ import torch
 from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
+from helpers import timings
 from helpers.config import ParameterError, Settings, check_count, check_fraction, check_positive, load_settings
 from helpers.storage import s3_filesystem
 
@@ -118,6 +119,7 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     check_positive("lr", params["lr"], maximum=10.0)
     check_fraction("momentum", params.get("momentum", 0.0))
     check_count("batch_size_per_worker", params.get("batch_size_per_worker", 64), 100_000)
+    check_count("checkpoint_every", params.get("checkpoint_every", 1), 10_000)
     hidden = params.get("hidden_sizes", (128, 64))
     if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__len__") or not len(hidden):
         raise ParameterError(f"hidden_sizes must be a list of layer widths such as [128, 64], not {hidden!r}.")
@@ -171,13 +173,21 @@ def worker_mlflow_client(config: dict[str, Any], rank: int):
     return MlflowClient(config["tracking_uri"])
 
 
-def log_epoch(mlflow_client, run_id: str, metrics: dict[str, float], step: int) -> bool:
-    """Log one epoch's metrics into run ``run_id``; False (with one printed line) when tracking failed."""
+TRACKED = ("train_loss", "train_accuracy", "val_accuracy")  # what a worker logs to MLflow per epoch
+
+
+def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
+    """Log the tracked metrics of ``rows`` (history rows with an ``"epoch"``) into run ``run_id`` in one call.
+
+    Returns False (with one printed line) when tracking failed.
+    """
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
+    metrics = [Metric(key, float(row[key]), now, int(row["epoch"])) for row in rows for key in TRACKED if key in row]
     try:
-        mlflow_client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        if metrics:
+            mlflow_client.log_batch(run_id, metrics=metrics)
         return True
     except Exception as err:  # noqa: BLE001 - tracking must never stop training
         print(f"MLflow tracking is off for this worker: {type(err).__name__}: {str(err)[:200]}")
@@ -247,11 +257,13 @@ def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str 
     optimizer.load_state_dict(state["optimizer"])
     if mlflow_client:
         logged = {m.step for m in mlflow_client.get_metric_history(run_id, "train_loss")}
-        for past in state["history"]:
-            if past["epoch"] not in logged:
-                log_epoch(mlflow_client, run_id, {k: past[k] for k in ("train_loss", "train_accuracy")},
-                          past["epoch"])
+        log_epochs(mlflow_client, run_id, [past for past in state["history"] if past["epoch"] not in logged])
     return state["epoch"] + 1, state["history"]
+
+
+def checkpoint_due(epoch: int, config: dict[str, Any]) -> bool:
+    """Whether ``epoch`` ends with a checkpoint: every ``checkpoint_every`` epochs, and always the last."""
+    return epoch % int(config.get("checkpoint_every", 1)) == 0 or epoch == int(config["epochs"])
 
 
 def train_func_per_worker(config: dict[str, Any]) -> None:
@@ -269,6 +281,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
     start_epoch, history = 1, []  # epochs count from 1, as in Ray Tune's training_iteration
     if ray.train.get_checkpoint():
         start_epoch, history = resume(ray.train.get_checkpoint(), module, optimizer, mlflow_client, run_id)
+    logged_through = start_epoch - 1  # epochs up to here are in MLflow
 
     shard = ray.train.get_dataset_shard("train")
     validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
@@ -277,6 +290,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
         net.train()
         loss_sum = correct = count = data_s = 0.0
         started = waited = time.perf_counter()
+        wall_start = time.time()
         for batch in shard.iter_torch_batches(batch_size=config["batch_size_per_worker"],
                                               dtypes={"X": torch.float32, "y": torch.int64},
                                               local_shuffle_buffer_size=config.get("shuffle_buffer", 2000),
@@ -297,19 +311,21 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
         if validation is not None:  # "mean_accuracy" is what the sweeps of notebook 05 optimise
             metrics["val_accuracy"] = metrics["mean_accuracy"] = validate(net, validation)
         history.append({"epoch": epoch, **metrics})
+        timings.record("train: epoch compute", wall_start)  # where the seconds go (benchmarks/bench_smoke.py)
 
-        with tempfile.TemporaryDirectory() as folder:  # a fresh folder per report, never a shared one
+        keep = checkpoint_due(epoch, config)  # metrics are reported every epoch, a checkpoint when due
+        with timings.span("train: checkpoint + report"), tempfile.TemporaryDirectory() as folder:
             checkpoint = None
-            if rank == 0:
+            if rank == 0 and keep:
                 torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
                             "history": history, "params": {k: config[k] for k in MODEL_KEYS if k in config}},
                            Path(folder) / CHECKPOINT_FILE)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report({**metrics, "epoch": epoch}, checkpoint=checkpoint)
-        if mlflow_client:  # after the checkpoint is stored, so a resume never logs an epoch twice
-            tracked = {k: metrics[k] for k in ("train_loss", "train_accuracy", "val_accuracy") if k in metrics}
-            if not log_epoch(mlflow_client, run_id, tracked, epoch):
+        if mlflow_client and keep:  # once the checkpoint is stored, so a resume never logs an epoch twice
+            if not log_epochs(mlflow_client, run_id, [row for row in history if row["epoch"] > logged_through]):
                 mlflow_client = None
+            logged_through = epoch
 
 
 def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> dict[str, float]:

@@ -139,13 +139,25 @@ def load_test_images(bucket: str, count: int):
     return images, np.asarray(labels)
 
 
-def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tmp_path, settings):
+def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tmp_path, settings, monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from helpers import tracking
+    from helpers import timings, tracking
 
-    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, epochs=6, hidden_sizes=[64], fail_at_epoch=2)
+    monkeypatch.setenv(timings.TIMINGS_ENV, str(tmp_path / "spans.jsonl"))  # what bench_smoke.py reads
+    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, epochs=6, hidden_sizes=[64], fail_at_epoch=4,
+                checkpoint_every=2)
+    spans = timings.read(tmp_path / "spans.jsonl")
+    assert {"kernel start + imports", "ray start", "load: list + fetch + decode", "training", "train: epoch compute",
+            "train: checkpoint + report"} <= {s["label"] for s in spans}
+    driver = {s["pid"] for s in spans if s["label"] == "training"}
+    workers = {s["pid"] for s in spans if s["label"].startswith("train: ")}
+    assert len(driver) == 1 and len(workers) >= 2 and not driver & workers, "the workers' spans land in the same file"
+    # Checkpoints at epochs 2 and 4 (never reached: the fault), so the run went back to epoch 2: epochs 3 and 4
+    # ran twice, by the first and by the restarted workers.
+    epochs_run = sum(s["label"] == "train: epoch compute" for s in spans) // 2  # two workers
+    assert epochs_run == 6 + 1, "the resume started after epoch 2's checkpoint, not after epoch 3"
     assert facts["resumed after an injected failure"] is True
     assert facts["epochs"] == 6 and facts["last epoch loss"] < facts["first epoch loss"]
     assert facts["test accuracy"] > 0.6 and facts["test images"] == 50

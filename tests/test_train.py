@@ -91,10 +91,18 @@ def test_rank_0_logs_one_value_per_epoch_into_the_drivers_run(trained, settings)
     assert logged == pytest.approx([row["train_loss"] for row in trained.history])
 
 
+def test_checkpoints_at_the_cadence_and_always_after_the_last_epoch():
+    due = [epoch for epoch in range(1, 8) if training.checkpoint_due(epoch, {"epochs": 7, "checkpoint_every": 3})]
+    assert due == [3, 6, 7]
+    assert [e for e in range(1, 4) if training.checkpoint_due(e, {"epochs": 3})] == [1, 2, 3]  # default: every epoch
+
+
 def test_a_killed_worker_resumes_from_the_checkpoint(settings, train_bucket, tmp_path):
     marker = tmp_path / "failed-once"
-    result = train_and_test(settings, train_bucket, PARAMS, experiment="tests-train-fault",
-                            fail_at_epoch=2, fail_rank=1, fail_marker=str(marker))
+    # A checkpoint every 2 epochs: the fault in epoch 4 sends the run back to epoch 2's checkpoint, and the
+    # epochs logged to MLflow are those checkpointed, so epoch 3 (run twice) is logged once.
+    result = train_and_test(settings, train_bucket, {**PARAMS, "checkpoint_every": 2}, experiment="tests-train-fault",
+                            fail_at_epoch=4, fail_rank=1, fail_marker=str(marker))
     assert marker.exists(), "the fault fired"
     assert [row["epoch"] for row in result.history] == [1, 2, 3, 4, 5]
     steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, result.run_id, "train_loss")]
@@ -122,7 +130,7 @@ def test_rest_variant_logs_into_the_same_run(settings):
 
 def test_a_refused_log_turns_worker_logging_off_with_one_line(settings, capsys):
     client = MlflowClient(settings.mlflow_tracking_uri)
-    assert training.log_epoch(client, "no-such-run", {"loss": 1.0}, 0) is False
+    assert training.log_epochs(client, "no-such-run", [{"epoch": 0, "train_loss": 1.0}]) is False
     assert capsys.readouterr().out.count("MLflow tracking is off") == 1
     assert training.worker_mlflow_client({"run_id": "x", "tracking_uri": "http://127.0.0.1:9"}, 0) is None
     assert "127.0.0.1:9" in capsys.readouterr().out
@@ -254,6 +262,7 @@ def test_a_run_ends_failed_on_an_error_and_killed_on_an_interrupt(settings):
     ({"lr": float("nan")}, "lr must be a number above 0"),
     ({"momentum": 1.5}, "momentum must be a number from 0"),
     ({"batch_size_per_worker": 0}, "batch_size_per_worker=0 is out of range"),
+    ({"checkpoint_every": 0}, "checkpoint_every=0 is out of range"),
     ({"hidden_sizes": []}, "hidden_sizes must be a list"),
     ({"hidden_sizes": [64, 0]}, "each of hidden_sizes=0"),
     ({"optimizer": "rmsprop"}, "optimizer must be"),
