@@ -319,13 +319,18 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     """
     import pyarrow.parquet as pq
     import ray.data
+    from pyarrow import fs
 
     folder, filesystem = packed_path(bucket, split, settings), s3_filesystem(settings)
-    columns = pq.ParquetDataset(folder, filesystem=filesystem).schema.names
+    shards = sorted(f.path for f in filesystem.get_file_info(fs.FileSelector(folder)) if f.path.endswith(".parquet"))
+    columns = pq.read_schema(shards[0], filesystem=filesystem).names if shards else []
     if "pixels" not in columns:
         raise StorageError(f"The shards under {folder}/ hold {columns}, not decoded 'pixels': they were packed "
                            "by an older version. Pack them again with pack_parquet_shards(ds, bucket).")
-    ds = ray.data.read_parquet(folder, filesystem=filesystem, columns=["label", "pixels"])
+    # The shard files by name (listed here, in one request) and one read task per shard, so the shards
+    # are read in parallel.
+    ds = ray.data.read_parquet(shards, filesystem=filesystem, columns=["label", "pixels"],
+                               override_num_blocks=len(shards))
     return ds.map_batches(scale_packed, batch_size=4096)
 
 

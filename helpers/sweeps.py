@@ -11,7 +11,7 @@ import torch
 from ray import tune
 from torch import nn
 
-from helpers import tracking
+from helpers import timings, tracking
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem, smoke_sizes
@@ -94,7 +94,8 @@ def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     client, run_id = start_child_run(config, model_config(config))
     error = None
     try:
-        train_trial(config, arrays, client, run_id)
+        with timings.span("tune: trial"):  # where the seconds go (benchmarks/bench_smoke.py)
+            train_trial(config, arrays, client, run_id)
     except BaseException as err:
         error = err
         raise

@@ -182,6 +182,19 @@ def test_skip_mode_drops_and_counts_bad_objects(ray_local, broken_bucket, client
     assert sorted(preprocess.skipped_keys(counter)) == ["train/2/missing.png", "train/3/corrupt.png"]
 
 
+def test_shards_packed_by_an_older_version_ask_to_be_packed_again(ray_local, dataset_bucket, settings):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    filesystem, base = storage.s3_filesystem(settings), f"{dataset_bucket}/packed/old-split"
+    table = pa.table({"key": ["train/1/00001.png"], "label": [1], "image": [b"\x89PNG..."]})  # encoded bytes
+    pq.write_table(table, f"{base}/v1/part-0.parquet", filesystem=filesystem)
+    with filesystem.open_output_stream(f"{base}/CURRENT") as out:
+        out.write(b"v1")
+    with pytest.raises(storage.StorageError, match=r"hold \['key', 'label', 'image'\].*Pack them again"):
+        preprocess.read_parquet_dataset(dataset_bucket, "old-split", settings)
+
+
 def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, pointers, client):
     def multiset(ds):
         out = Counter()
