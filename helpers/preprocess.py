@@ -329,9 +329,8 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
                            "by an older version. Pack them again with pack_parquet_shards(ds, bucket).")
     # The shard files by name (listed here, in one request) and one read task per shard, so the shards
     # are read in parallel.
-    ds = ray.data.read_parquet(shards, filesystem=filesystem, columns=["label", "pixels"],
-                               override_num_blocks=len(shards))
-    return ds.map_batches(scale_packed, batch_size=4096)
+    ds = ray.data.read_parquet(shards, filesystem=filesystem, override_num_blocks=len(shards))
+    return ds.select_columns(["label", "pixels"]).map_batches(scale_packed, batch_size=4096)
 
 
 def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
