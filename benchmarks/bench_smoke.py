@@ -30,7 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine, print_table  # noqa: E402
 
-TIMINGS_ENV = "SMOKE_TIMINGS"  # helpers.timings reads the same name
+from helpers import timings  # noqa: E402
+
 # Targets in yardsticks (a plain PyTorch epoch of the same run).
 TARGETS = {"notebooks 01-05": 130, "any notebook": 45, "04": 33, "ray start": 9, "06": 65}
 
@@ -62,13 +63,6 @@ def yardstick(repeats: int = 3) -> float:
         return statistics.median(epoch() for _ in range(repeats))
     finally:
         torch.set_num_threads(threads)
-
-
-def read_spans(path: Path) -> list[dict]:
-    """The spans a notebook's processes recorded (JSON lines; none when it recorded nothing)."""
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def cell_durations(notebook: Path, minimum: float = 0.5) -> list[dict]:
@@ -119,13 +113,13 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict]) 
     rows = []
     for notebook in notebooks:
         spans_file = out_dir / f"{notebook.stem}.timings.jsonl"
-        os.environ[TIMINGS_ENV] = str(spans_file)
+        os.environ[timings.TIMINGS_ENV] = str(spans_file)
         try:
             run = execute(notebook, out_dir / notebook.name, parameters.get(notebook.name[:2]))
         finally:
-            os.environ.pop(TIMINGS_ENV, None)
+            os.environ.pop(timings.TIMINGS_ENV, None)
         print(f"  {notebook.name}: {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
-        spans = read_spans(spans_file)
+        spans = timings.read(spans_file) if spans_file.is_file() else []  # none: the notebook recorded nothing
         rows.append({"notebook": notebook.name[:2], "status": run.status, "seconds": round(run.seconds, 2),
                      "breakdown": breakdown(spans),
                      "cells": cell_durations(run.output) if run.output.is_file() else []})

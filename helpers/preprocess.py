@@ -340,7 +340,7 @@ def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple
 
 
 def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
-                  seed: int = 0):
+                  seed: int = 0, batch_size: int = 400):
     """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
 
     The training pointers are shuffled (seeded) first. Both splits go through one actor
@@ -358,7 +358,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
     options = ray.data.DataContext.get_current().execution_options
     in_order, options.preserve_order = options.preserve_order, True  # rows come out in the order they went in
     try:
-        both = preprocess_with_actors(pointers, bucket, num_actors=num_actors).materialize()
+        both = preprocess_with_actors(pointers, bucket, batch_size=batch_size, num_actors=num_actors).materialize()
     finally:
         options.preserve_order = in_order
     train_ds, test_ds = both.split_at_indices([len(x_train)])

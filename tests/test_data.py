@@ -300,6 +300,22 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
                 os.remove(marker)
 
 
+def test_load_datasets_cuts_one_pipeline_into_the_shuffled_train_and_the_test_split(ray_local, dataset_bucket,
+                                                                                     client):
+    import ray.data
+
+    x_train, y_train, x_test, y_test, _ = listing.get_train_test_data(dataset_bucket, SMOKE, "manifest", client)
+    x_train, y_train = preprocess.shuffle_pointers(x_train, y_train, seed=5)
+    # Batches of 16 over two actors: every row, in order, on its side of the cut.
+    train_ds, test_ds = preprocess.load_datasets(dataset_bucket, SMOKE, seed=5, batch_size=16)
+    assert ray.data.DataContext.get_current().execution_options.preserve_order is False  # restored
+    for ds, keys, labels in ((train_ds, x_train, y_train), (test_ds, x_test, y_test)):
+        images, got_labels = preprocess.dataset_to_numpy(ds)
+        expected = [np.asarray(preprocess.fetch_decode(client, dataset_bucket, key)) for key in keys]
+        assert got_labels.tolist() == labels
+        assert np.array_equal(to_uint8(images), np.stack(expected))
+
+
 def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():
     x = [f"train/{i % 10}/{i:05d}.png" for i in range(100)]
     y = [i % 10 for i in range(100)]
@@ -366,10 +382,13 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
     import ray
 
     def worker_view():
+        names = [*cluster.WORKER_SETTINGS, *cluster.LOCAL_RAY_DEFAULTS]
         return ray.get(ray.remote(lambda: (ray.get_runtime_context().runtime_env.get("env_vars", {}),
-                                           {k: os.environ.get(k) for k in cluster.WORKER_SETTINGS})).remote())
+                                           {k: os.environ.get(k) for k in names})).remote())
 
     cluster.shutdown_ray()
+    for name in cluster.LOCAL_RAY_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("S3_ENDPOINT", "http://127.0.0.1:1")  # another stack's, left in the driver's environment
     monkeypatch.delenv("S3_SECRET_KEY", raising=False)
     try:
@@ -378,6 +397,8 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
         assert job_env == {}  # nothing in the job's runtime_env: Ray can use the workers it started ahead of time
         assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
         assert worker_env["MLFLOW_TRACKING_URI"] == settings.mlflow_tracking_uri
+        # Ray Train's controller polls every 0.2 s and starts no preemption watcher on a local Ray.
+        assert {name: worker_env[name] for name in cluster.LOCAL_RAY_DEFAULTS} == cluster.LOCAL_RAY_DEFAULTS
         # The driver's own environment is as it was.
         assert os.environ["S3_ENDPOINT"] == "http://127.0.0.1:1" and "S3_SECRET_KEY" not in os.environ
     finally:
