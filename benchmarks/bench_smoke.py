@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -90,6 +91,9 @@ def breakdown(spans: list[dict]) -> dict[str, dict]:
     if training and epochs:
         fit = training[-1]
         table["train: start (fit to first epoch)"] = {"seconds": epochs[0]["start"] - fit["start"], "count": 1}
+        if epochs[0]["label"] == "train: worker set-up":  # Ray Train's own part: controller and worker group
+            table["train: worker group start (fit to the loop)"] = {"seconds": epochs[0]["start"] - fit["start"],
+                                                                    "count": 1}
         table["train: teardown (last report to fit's return)"] = {
             "seconds": fit["end"] - max(s["end"] for s in epochs), "count": 1}
     return {label: {"seconds": round(row["seconds"], 2), "count": row["count"]} for label, row in table.items()}
@@ -106,20 +110,21 @@ def lakefs_answers(settings) -> bool:
         return False
 
 
-def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict]) -> list[dict]:
-    """Execute ``notebooks`` once each (``parameters`` by notebook number); their totals, spans and cells."""
+def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], spans_file: Path) -> list[dict]:
+    """Execute ``notebooks`` once each (``parameters`` by notebook number); their totals, spans and cells.
+
+    Every process writes its spans to ``spans_file`` (``SMOKE_TIMINGS``); a notebook's
+    are the ones that began while it ran (they run one after another).
+    """
     from helpers.runner import execute
 
     rows = []
     for notebook in notebooks:
-        spans_file = out_dir / f"{notebook.stem}.timings.jsonl"
-        os.environ[timings.TIMINGS_ENV] = str(spans_file)
-        try:
-            run = execute(notebook, out_dir / notebook.name, parameters.get(notebook.name[:2]))
-        finally:
-            os.environ.pop(timings.TIMINGS_ENV, None)
+        began = time.time()
+        run = execute(notebook, out_dir / notebook.name, parameters.get(notebook.name[:2]))
+        ended = time.time()
         print(f"  {notebook.name}: {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
-        spans = timings.read(spans_file) if spans_file.is_file() else []  # none: the notebook recorded nothing
+        spans = [s for s in (timings.read(spans_file) if spans_file.is_file() else []) if began <= s["start"] <= ended]
         rows.append({"notebook": notebook.name[:2], "status": run.status, "seconds": round(run.seconds, 2),
                      "breakdown": breakdown(spans),
                      "cells": cell_durations(run.output) if run.output.is_file() else []})
@@ -173,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     from helpers.runner import notebook_paths
 
     settings = stack.ensure_stack()
+    folder = Path(tempfile.mkdtemp(prefix="smoke-"))
+    spans_file = folder / "spans.jsonl"
+    # The stack's Ray starts again with the span file in its environment, so its workers
+    # (Ray Train's, Tune's) record theirs without a job runtime_env, as in a learner's run.
+    os.environ[timings.TIMINGS_ENV] = str(spans_file)
+    stack.down(only=("ray",))
+    stack.up()
     lakefs, server = "", None
     if args.lakefs_double and not lakefs_answers(settings):
         sys.path.insert(0, str(project_root()))
@@ -189,20 +201,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"yardstick: {sticks[0]:.3f} s", flush=True)
     repeats = []
     try:
-        with tempfile.TemporaryDirectory(prefix="smoke-") as folder:
-            for number in range(args.repeats):
-                print(f"run {number + 1} of {args.repeats}", flush=True)
-                out_dir = Path(folder) / str(number)
-                out_dir.mkdir()
-                # The double forgets its repositories when it stops, the bucket keeps their namespaces:
-                # a new repository name per run (a real lakeFS keeps the repository and reuses it).
-                parameters = {"06": {"repo_name": f"smoke-{uuid.uuid4().hex[:8]}"}} if server else {}
-                repeats.append(run_once(notebooks, out_dir, parameters))
-                sticks.append(yardstick())
-                print(f"yardstick: {sticks[-1]:.3f} s", flush=True)
+        for number in range(args.repeats):
+            print(f"run {number + 1} of {args.repeats}", flush=True)
+            out_dir = folder / str(number)
+            out_dir.mkdir()
+            # The double forgets its repositories when it stops, the bucket keeps their namespaces:
+            # a new repository name per run (a real lakeFS keeps the repository and reuses it).
+            parameters = {"06": {"repo_name": f"smoke-{uuid.uuid4().hex[:8]}"}} if server else {}
+            repeats.append(run_once(notebooks, out_dir, parameters, spans_file))
+            sticks.append(yardstick())
+            print(f"yardstick: {sticks[-1]:.3f} s", flush=True)
     finally:
         if server is not None:
             server.__exit__(None, None, None)
+        os.environ.pop(timings.TIMINGS_ENV, None)
+        stack.down(only=("ray",))  # and up again without the span file
+        stack.up()
+        shutil.rmtree(folder, ignore_errors=True)
     stick = statistics.median(sticks)
     summary = summarise(repeats, stick)
     if not lakefs:

@@ -1,10 +1,13 @@
 """Ray start-up for laptops and clusters: one call that every Ray notebook makes (notebooks 03-06).
 
-``RAY_ADDRESS`` (from the settings) joins a running cluster and ships the
-``helpers`` package to its workers; without it a local Ray starts. Either
-way every worker gets the object-store and MLflow settings as environment
-variables, so it can open its own clients: a cluster's in the job's
-``runtime_env``, a local Ray's inherited from the driver as it starts.
+Where Ray runs, in this order: ``RAY_ADDRESS`` (from the settings) joins a
+cluster and ships the ``helpers`` package to its workers; else the stack's
+Ray (:mod:`helpers.ray_service`, started by ``python -m helpers.stack up``)
+is joined; else a local Ray starts in this process. Every worker gets the
+object-store and MLflow settings as environment variables, so it can open
+its own clients: a cluster's in the job's ``runtime_env``, the stack's Ray's
+and a local Ray's inherited as Ray starts (a job's ``runtime_env`` only
+where the driver's settings differ from the ones the stack's Ray started with).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from helpers import timings
-from helpers.config import Settings, load_settings
+from helpers import ray_service, timings
+from helpers.config import Settings, load_settings, state_dir
 from helpers.tracking import bounded_requests
 
 # Set to true where every node of the cluster already has S3_ACCESS_KEY and S3_SECRET_KEY in its
@@ -126,16 +129,59 @@ def loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[str, Any] | None:
+    """A job's ``runtime_env`` on the stack's Ray: None when its workers already have these settings.
+
+    The stack's Ray hands its workers the settings of the stack that started it; a
+    driver pointed elsewhere (another endpoint or keys in the environment) sends its
+    own. A span file (``SMOKE_TIMINGS``) other than the one the service started with
+    travels the same way. A job with a ``runtime_env`` waits for workers of its own:
+    measured 1.5-3 s more for every pipeline of actors.
+    """
+    env_vars = {}
+    if ray_service.settings_digest(settings_env(settings)) != service.get("settings"):
+        env_vars.update(settings_env(settings))
+    spans = os.environ.get(timings.TIMINGS_ENV, "")
+    if spans and spans != service.get("timings", ""):
+        env_vars[timings.TIMINGS_ENV] = spans
+    return {"env_vars": env_vars} if env_vars else None
+
+
+def where_ray_runs(settings: Settings, address: str | None = None) -> tuple[str, dict[str, Any] | None]:
+    """``(address, service)``: the cluster, the stack's Ray (with its ``ray.json`` record), or ``"local"``."""
+    address = address or settings.ray_address
+    if address:
+        return address, None
+    service = ray_service.read_service(state_dir())
+    return (service["address"], service) if service else ("local", None)
+
+
+def use_token_auth() -> None:
+    """Send Ray's token (``~/.ray/auth_token``, which a local Ray writes) when joining the stack's Ray.
+
+    A new local Ray turns token authentication on by default, but a driver joining
+    it by address sends its token only in token mode, and Ray reads the mode into its
+    configuration when ``ray`` is imported: so it is reloaded, as Ray does itself.
+    """
+    from ray._raylet import Config
+
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")
+
+
 def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quiet: bool = True,
-             dashboard: bool = False, log_to_driver: bool = False) -> dict[str, Any]:
-    """Start or join Ray with the service settings passed to every worker (notebooks 03-06).
+             dashboard: bool = False, log_to_driver: bool = False, address: str | None = None) -> dict[str, Any]:
+    """Join or start Ray with the service settings passed to every worker (notebooks 03-06).
 
     Args:
         settings: where the services are; :func:`helpers.config.load_settings` by default.
-        num_cpus: CPUs for a local Ray (default: all).
+        num_cpus: CPUs for a Ray started here (default: all); a running Ray keeps its own.
         quiet: hide Ray's log lines and Ray Data progress bars in notebook outputs.
-        dashboard: start the Ray dashboard (costs memory and CPU on a laptop).
+        dashboard: start the Ray dashboard with a Ray started here (costs memory and CPU on a laptop).
         log_to_driver: show worker stdout in the driver (off: workers write to a log file instead).
+        address: a cluster to join, or ``"local"`` for a fresh Ray in this process; by default
+            ``RAY_ADDRESS`` from the settings, else the stack's Ray when it is up, else ``"local"``.
 
     Returns:
         The cluster's resources (``ray.cluster_resources()``); the running
@@ -146,23 +192,28 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
     settings = settings or load_settings()
     if ray.is_initialized():
         return ray.cluster_resources()
-    # "local" always starts a fresh local Ray; None would join any cluster a
-    # `ray start` left behind on this machine.
-    address = settings.ray_address or "local"
+    address, service = where_ray_runs(settings, address)
     runtime_env: dict[str, Any] | None = None
-    if address == "local":
-        loopback_only()
+    environment: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if address == "local" or service is not None:
         for name, value in LOCAL_RAY_DEFAULTS.items():  # Ray Train passes these from the driver to its workers
             os.environ.setdefault(name, value)
+    if address == "local":
+        loopback_only()
         environment = inherited_environment(settings_env(settings))
+    elif service is not None:
+        loopback_only()  # the driver's node is 127.0.0.1, where the stack's Ray listens
+        if service.get("auth") == "token":
+            use_token_auth()
+        runtime_env = stack_ray_runtime_env(settings, service)
     else:
-        environment, runtime_env = contextlib.nullcontext(), cluster_runtime_env(settings)
+        runtime_env = cluster_runtime_env(settings)
     started = time.time()
     with environment:
         ray.init(
             address=address,
             num_cpus=num_cpus if address == "local" else None,
-            include_dashboard=dashboard,
+            include_dashboard=dashboard if address == "local" else None,
             logging_level=logging.ERROR if quiet else logging.INFO,
             log_to_driver=log_to_driver,
             runtime_env=runtime_env,

@@ -2,8 +2,9 @@
 
 The notebooks join this Ray (``RAY_ADDRESS`` is set for JupyterLab's
 kernels) instead of each starting its own, so the dashboard shows their
-tasks, actors and training workers live. Ctrl-C stops JupyterLab and Ray;
-the stack keeps running (``make stack-down`` stops it).
+tasks, actors and training workers live. The stack's own Ray (which has no
+dashboard) is stopped meanwhile. Ctrl-C stops JupyterLab and this Ray, and
+starts the stack's again; the stack keeps running (``make stack-down`` stops it).
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-jupyter", action="store_true", help="start Ray, print the URLs, stop (a check)")
     args = parser.parse_args(argv)
     settings = stack.ensure_stack()
+    # One Ray on this machine at a time: the stack's (no dashboard) stops while this one runs.
+    stacks_ray = stack.down(only=("ray",))
+    if stacks_ray:
+        print("The stack's Ray is stopped while the lab's Ray (with its dashboard) runs.")
     ray_head = start_ray(args.cpus, args.ray_port, args.dashboard_port)
     token = secrets.token_hex(16)
     try:
@@ -98,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         stop_ray(ray_head)
+        if stacks_ray:
+            stack.up()
+            print("The stack's Ray is running again.")
     return 0
 
 

@@ -268,6 +268,7 @@ def checkpoint_due(epoch: int, config: dict[str, Any]) -> bool:
 
 def train_func_per_worker(config: dict[str, Any]) -> None:
     """The per-worker training loop Ray Train runs on every worker (notebook 04)."""
+    entered = time.time()
     torch.set_num_threads(int(config.get("torch_threads", 1)))
     torch.manual_seed(int(config.get("seed", 0)))
     rank = ray.train.get_context().get_world_rank()
@@ -285,6 +286,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
 
     shard = ray.train.get_dataset_shard("train")
     validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
+    timings.record("train: worker set-up", entered)  # model, MLflow client, checkpoint, dataset shards
     for epoch in range(start_epoch, config["epochs"] + 1):
         maybe_fail(config, epoch, rank)
         net.train()

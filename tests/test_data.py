@@ -1,6 +1,7 @@
 """Ray Data preprocessing from pointers, on a real local Ray and the real object store."""
 
 import contextlib
+import dataclasses
 import io
 import ipaddress
 import json
@@ -325,18 +326,6 @@ def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():
     assert preprocess.shuffle_pointers(x, y, seed=3) == (xs, ys)
 
 
-def test_a_local_ray_listens_on_loopback_only(ray_local):
-    import ray
-
-    assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
-    ours = {p.pid for p in psutil.Process().children(recursive=True)} | {os.getpid()}
-    listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
-    assert listening, "Ray's processes listen somewhere"
-    exposed = [f"{c.laddr.ip}:{c.laddr.port}" for c in listening
-               if not ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:")).is_loopback]
-    assert not exposed, f"reachable from the network: {exposed}"
-
-
 def test_read_images_names_an_object_that_is_not_an_image(ray_local, broken_bucket):
     with pytest.raises(ValueError) as err:  # Ray's own reader: RayTaskError(ValueError)
         preprocess.read_images_dataset(broken_bucket, "train").materialize()
@@ -376,15 +365,58 @@ def test_the_s3_keys_can_stay_out_of_ray_s_runtime_env(settings, monkeypatch):
     assert cluster.cluster_runtime_env(settings)["env_vars"]["S3_SECRET_KEY"] == settings.s3_secret_key
 
 
+def worker_view() -> tuple[dict, dict]:
+    """(the job's runtime_env variables, the service settings and local Ray defaults a worker process sees)."""
+    import ray
+
+    names = [*cluster.WORKER_SETTINGS, *cluster.LOCAL_RAY_DEFAULTS]
+    return ray.get(ray.remote(lambda: (ray.get_runtime_context().runtime_env.get("env_vars", {}),
+                                       {k: os.environ.get(k) for k in names})).remote())
+
+
+def assert_loopback_only(root: psutil.Process) -> None:
+    """Every socket ``root`` and the processes under it listen on is a loopback address."""
+    ours = {p.pid for p in root.children(recursive=True)} | {root.pid}
+    listening = [c for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN and c.pid in ours]
+    assert listening, "Ray's processes listen somewhere"
+    exposed = [f"{c.laddr.ip}:{c.laddr.port}" for c in listening
+               if not ipaddress.ip_address(c.laddr.ip.removeprefix("::ffff:")).is_loopback]
+    assert not exposed, f"reachable from the network: {exposed}"
+
+
+def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(settings):
+    import ray
+
+    from helpers import ray_service
+    from helpers.config import state_dir
+
+    service = ray_service.read_service(state_dir())
+    if service is None:
+        pytest.skip("no stack's Ray: the services come from S3_ENDPOINT, not a stack started here")
+    cluster.shutdown_ray()
+    elsewhere = dataclasses.replace(settings, mlflow_tracking_uri="http://127.0.0.1:9")
+    try:
+        cluster.init_ray(settings, num_cpus=1)  # a running Ray keeps its own CPUs
+        assert ray.get_runtime_context().gcs_address == service["address"]
+        assert ray.cluster_resources()["CPU"] == service["cpus"]
+        job_env, worker_env = worker_view()
+        assert job_env == {}  # the stack's settings are the driver's: nothing to send
+        assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
+        assert {name: worker_env[name] for name in cluster.LOCAL_RAY_DEFAULTS} == cluster.LOCAL_RAY_DEFAULTS
+        cluster.shutdown_ray()
+
+        cluster.init_ray(elsewhere)  # a driver pointed at other services sends its own settings
+        job_env, worker_env = worker_view()
+        assert job_env["MLFLOW_TRACKING_URI"] == worker_env["MLFLOW_TRACKING_URI"] == "http://127.0.0.1:9"
+    finally:
+        cluster.shutdown_ray()
+    assert_loopback_only(psutil.Process(service["pid"]))
+
+
 def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settings, monkeypatch):
     import os
 
     import ray
-
-    def worker_view():
-        names = [*cluster.WORKER_SETTINGS, *cluster.LOCAL_RAY_DEFAULTS]
-        return ray.get(ray.remote(lambda: (ray.get_runtime_context().runtime_env.get("env_vars", {}),
-                                           {k: os.environ.get(k) for k in names})).remote())
 
     cluster.shutdown_ray()
     for name in cluster.LOCAL_RAY_DEFAULTS:
@@ -392,7 +424,9 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
     monkeypatch.setenv("S3_ENDPOINT", "http://127.0.0.1:1")  # another stack's, left in the driver's environment
     monkeypatch.delenv("S3_SECRET_KEY", raising=False)
     try:
-        cluster.init_ray(settings, num_cpus=1)
+        cluster.init_ray(settings, num_cpus=1, address="local")
+        assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}
+        assert_loopback_only(psutil.Process())
         job_env, worker_env = worker_view()
         assert job_env == {}  # nothing in the job's runtime_env: Ray can use the workers it started ahead of time
         assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key

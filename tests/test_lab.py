@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from helpers import stack
+from helpers import ray_service, stack
+from helpers.config import state_dir
 
 
 def port_open(port: int) -> bool:
@@ -29,3 +30,6 @@ def test_lab_starts_ray_with_its_dashboard_prints_the_urls_and_stops_its_ray(set
     assert settings.mlflow_tracking_uri in lines["MLflow"]
     assert "Services: object store" in result.stdout  # which endpoints won, and why
     assert not port_open(ports["dashboard"]) and not port_open(ports["ray"]), "its Ray is stopped again"
+    if "The stack's Ray is stopped" in result.stdout:  # one Ray at a time; the stack's is back afterwards
+        assert "The stack's Ray is running again." in result.stdout
+        assert ray_service.read_service(state_dir()) is not None

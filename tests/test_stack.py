@@ -38,9 +38,11 @@ def cli(*args, state):
 @pytest.mark.slow
 def test_up_twice_status_and_down(state):
     rows = {r.name: r for r in stack.up(state, ports=private_ports())}
-    assert rows["seaweedfs"].healthy and rows["mlflow"].healthy
-    assert rows["seaweedfs"].detail == "started"
-    pids = {name: rows[name].pid for name in ("seaweedfs", "mlflow")}
+    assert rows["seaweedfs"].healthy and rows["mlflow"].healthy and rows["ray"].healthy
+    assert rows["seaweedfs"].detail == rows["ray"].detail == "started"
+    pids = {name: rows[name].pid for name in ("seaweedfs", "mlflow", "ray")}
+    ray_processes = psutil.Process(pids["ray"]).children(recursive=True)  # GCS, raylet, agents, workers
+    assert len(ray_processes) >= 3
 
     again = {r.name: r for r in stack.up(state)}  # ports remembered from the first call
     assert {name: again[name].pid for name in pids} == pids
@@ -48,7 +50,7 @@ def test_up_twice_status_and_down(state):
 
     result = cli("status", state=state)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("healthy") == 2
+    assert result.stdout.count("healthy") == 3
 
     settings = load_settings(environ={}, stack_state=state)
     assert settings.s3_endpoint.startswith("http://127.0.0.1:") and settings.mlflow_tracking_uri
@@ -64,14 +66,15 @@ def test_up_twice_status_and_down(state):
     client = storage.get_client(settings)
     storage.ensure_bucket(client, "persisted")
 
-    assert sorted(stack.down(state)) == ["mlflow", "seaweedfs"]
+    assert sorted(stack.down(state)) == ["mlflow", "ray", "seaweedfs"]
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in pids.values())
+                   for pid in [*pids.values(), *(p.pid for p in ray_processes)])
+    assert not (state / "ray.json").exists()
     assert not any(r.running for r in stack.status(state))
     assert stack.down(state) == []
 
     # Data persists across a restart.
-    stack.up(state, with_mlflow=False)
+    stack.up(state, with_mlflow=False, with_ray=False)
     assert client.bucket_exists("persisted")
 
 
@@ -81,8 +84,8 @@ def test_port_in_use_is_named(state):
         blocker.bind(("127.0.0.1", ports["s3"]))
         blocker.listen()
         with pytest.raises(stack.PortInUseError) as err:
-            stack.up(state, ports=ports, with_mlflow=False)
-        result = cli("up", "--no-mlflow", state=state)  # the CLI says it in one line, exit 1
+            stack.up(state, ports=ports, with_mlflow=False, with_ray=False)
+        result = cli("up", "--no-mlflow", "--no-ray", state=state)  # the CLI says it in one line, exit 1
     assert str(ports["s3"]) in str(err.value) and "--s3-port" in str(err.value)
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "already in use" in result.stderr
@@ -166,7 +169,7 @@ def test_damaged_state_files_name_the_file_and_the_reset(state, name, text, monk
     monkeypatch.setattr(lakefs_binary, "find", lambda: Path("/bin/true"))  # so the lakeFS keys are read too
     (state / name).write_text(text)
     with pytest.raises(stack.StackError) as err:
-        stack.up(state, ports=private_ports(), with_mlflow=False)
+        stack.up(state, ports=private_ports(), with_mlflow=False, with_ray=False)
     assert name in str(err.value) and "make reset" in str(err.value)
     assert (state / name).read_text() == text  # reported, not overwritten
     assert not (state / "seaweedfs.pid").exists()  # nothing was started
@@ -179,7 +182,8 @@ def _modes(root):
 @pytest.mark.slow
 def test_two_ups_at_once_start_one_stack_and_every_state_file_is_private(state):
     stack.write_private(state / "ports.json", json.dumps(private_ports()))
-    runs = [subprocess.Popen([sys.executable, "-m", "helpers.stack", "up", "--no-lakefs", "--state-dir", str(state)],
+    command = [sys.executable, "-m", "helpers.stack", "up", "--no-lakefs", "--no-ray", "--state-dir", str(state)]
+    runs = [subprocess.Popen(command,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [run.communicate(timeout=180) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
@@ -212,7 +216,7 @@ def test_state_files_are_replaced_whole_and_private(tmp_path):
 
 @pytest.mark.slow
 def test_interrupted_upload_resumes_without_duplicates(state):
-    stack.up(state, ports=private_ports(), with_mlflow=False)
+    stack.up(state, ports=private_ports(), with_mlflow=False, with_ray=False)
     client = storage.get_client(load_settings(environ={}, stack_state=state), retries=0)
     bucket, smoke = "resume", 6000  # 6,000 + 1,000 objects: several seconds of uploading
 
@@ -238,7 +242,7 @@ def test_interrupted_upload_resumes_without_duplicates(state):
     worker.join(timeout=120)
     assert errors and "run the same call again" in str(errors[0])
 
-    stack.up(state, with_mlflow=False)
+    stack.up(state, with_mlflow=False, with_ray=False)
     partial = len(listing.list_objects_parallel(bucket, client=client))
     assert 0 < partial < 7000
     report = upload.upload_mnist(bucket, smoke, client=client, progress=False)
@@ -293,7 +297,7 @@ def test_up_starts_lakefs_where_a_binary_is_on_path_and_writes_its_settings(stat
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
     assert lakefs_binary.find() == fake
 
-    rows = {r.name: r for r in stack.up(state, ports=private_ports(), with_mlflow=False)}
+    rows = {r.name: r for r in stack.up(state, ports=private_ports(), with_mlflow=False, with_ray=False)}
     assert rows["lakefs"].healthy and rows["lakefs"].detail == "started"
     settings = load_settings(environ={}, stack_state=state)
     assert settings.lakefs_endpoint == rows["lakefs"].url and settings.lakefs_access_key.startswith("AKIAJ")
@@ -404,7 +408,7 @@ def up_download_lakefs(state, home, releases_url: str) -> subprocess.CompletedPr
     stack._load_or_choose_ports(state, private_ports())  # noqa: SLF001 - remembered by the CLI's up
     env = {**os.environ, "HOME": str(home), "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
            lakefs_binary.RELEASES_URL_ENV: releases_url}
-    return subprocess.run([sys.executable, "-m", "helpers.stack", "up", "--download-lakefs", "--no-mlflow",
+    return subprocess.run([sys.executable, "-m", "helpers.stack", "up", "--download-lakefs", "--no-mlflow", "--no-ray",
                            "--state-dir", str(state)], capture_output=True, text=True, timeout=180, env=env)
 
 

@@ -203,7 +203,7 @@ def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_pa
     from helpers import stack
 
     state = tmp_path / "stack"
-    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_lakefs=False)
+    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_lakefs=False, with_ray=False)
     try:
         private = dataclasses.replace(settings, mlflow_tracking_uri=load_private_uri(state))
         client = MlflowClient(private.mlflow_tracking_uri)

@@ -1,0 +1,97 @@
+"""The stack's Ray: one local Ray that ``python -m helpers.stack up`` keeps running for every notebook.
+
+Starting Ray costs about ten seconds on a 2-core laptop (its GCS, raylet,
+dashboard process and agents are Python processes that all import Ray); a
+notebook that joins a running Ray is connected in a fraction of a second.
+So the stack starts Ray once, like the object store and MLflow, and
+:func:`helpers.cluster.init_ray` joins it with ``ray.init(address=...)``:
+the same call that joins a real cluster.
+
+This module is the service's process: it starts a local Ray on
+127.0.0.1 only, with the stack's settings in the environment its workers
+inherit, writes where it listens to ``ray.json`` in the state folder, and
+stops Ray when it is stopped (``stack down`` sends SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+SERVICE_FILE = "ray.json"
+PORT_ENV = "RAY_GCS_SERVER_PORT"  # Ray's own variable: the port a new head's GCS listens on
+# Not for the service's workers: a cluster address left in the environment of `stack up`.
+NOT_INHERITED = ("RAY_ADDRESS",)
+
+
+def settings_digest(env: dict[str, str]) -> str:
+    """A fingerprint of the worker settings (``cluster.settings_env``): equal digests, same services, same keys."""
+    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
+
+
+def read_service(state: Path) -> dict | None:
+    """The stack's Ray: ``address``, ``auth``, ``settings``, ``cpus``, ``timings``; None when it does not answer."""
+    try:
+        info = json.loads((state / SERVICE_FILE).read_text())
+        host, _, port = info["address"].rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return info
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def serve(state: Path, num_cpus: int | None) -> None:
+    """Start a local Ray with the stack's settings, record its address, and keep it running until SIGTERM."""
+    import ray
+
+    from helpers import cluster, stack, timings
+    from helpers.config import load_settings
+
+    for name in NOT_INHERITED:
+        os.environ.pop(name, None)
+    for name, value in cluster.LOCAL_RAY_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    env = cluster.settings_env(load_settings(environ={}, stack_state=state))
+    cluster.loopback_only()
+    os.environ.update(env)  # what every worker this Ray starts inherits
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             logging_level=logging.ERROR)
+    info = {"address": ray.get_runtime_context().gcs_address, "pid": os.getpid(),
+            "auth": os.environ.get("RAY_AUTH_MODE", "disabled"), "settings": settings_digest(env),
+            "cpus": int(ray.cluster_resources().get("CPU", 0)),
+            "timings": os.environ.get(timings.TIMINGS_ENV, "")}  # a benchmark's span file, which workers write to
+
+    def stop(signum, frame):  # noqa: ARG001 (signal handler signature)
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        stack.write_private(state / SERVICE_FILE, json.dumps(info, indent=2))
+        print(f"Ray is up at {info['address']} with {info['cpus']} CPUs", flush=True)
+        while True:
+            signal.pause()
+    finally:
+        (state / SERVICE_FILE).unlink(missing_ok=True)
+        ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.ray_service --state DIR [--num-cpus N]`` (started by ``helpers.stack up``)."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.ray_service", description=__doc__.split("\n")[0])
+    parser.add_argument("--state", type=Path, required=True, help="the stack's state folder")
+    parser.add_argument("--num-cpus", type=int, help="CPUs Ray may use (default: all)")
+    args = parser.parse_args(argv)
+    serve(args.state.resolve(), args.num_cpus)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
