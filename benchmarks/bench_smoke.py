@@ -114,7 +114,7 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], 
     """Execute ``notebooks`` once each (``parameters`` by notebook number); their totals, spans and cells.
 
     Every process writes its spans to ``spans_file`` (``SMOKE_TIMINGS``); a notebook's
-    are the ones that began while it ran (they run one after another).
+    are the ones that ended while it ran (they run one after another).
     """
     from helpers.runner import execute
 
@@ -124,7 +124,7 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], 
         run = execute(notebook, out_dir / notebook.name, parameters.get(notebook.name[:2]))
         ended = time.time()
         print(f"  {notebook.name}: {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
-        spans = [s for s in (timings.read(spans_file) if spans_file.is_file() else []) if began <= s["start"] <= ended]
+        spans = [s for s in (timings.read(spans_file) if spans_file.is_file() else []) if began <= s["end"] <= ended]
         rows.append({"notebook": notebook.name[:2], "status": run.status, "seconds": round(run.seconds, 2),
                      "breakdown": breakdown(spans),
                      "cells": cell_durations(run.output) if run.output.is_file() else []})
