@@ -1,16 +1,10 @@
 """The stack's Ray: one local Ray that ``python -m helpers.stack up`` keeps running for every notebook.
 
-Starting Ray costs about ten seconds on a 2-core laptop (its GCS, raylet,
-dashboard process and agents are Python processes that all import Ray); a
-notebook that joins a running Ray is connected in a fraction of a second.
-So the stack starts Ray once, like the object store and MLflow, and
-:func:`helpers.cluster.init_ray` joins it with ``ray.init(address=...)``:
-the same call that joins a real cluster.
-
-This module is the service's process: it starts a local Ray on
-127.0.0.1 only, with the stack's settings in the environment its workers
-inherit, writes where it listens to ``ray.json`` in the state folder, and
-stops Ray when it is stopped (``stack down`` sends SIGTERM).
+Starting Ray costs about ten seconds on a 2-core laptop; joining a running one
+(:func:`helpers.cluster.init_ray`, ``ray.init(address=...)`` as for a real
+cluster) a fraction of one. This process starts a local Ray on 127.0.0.1 with
+the stack's settings in the environment its workers inherit, writes where it
+listens to ``ray.json`` in the state folder, and stops Ray on SIGTERM.
 """
 
 from __future__ import annotations
