@@ -278,12 +278,10 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
     loss_fn = nn.NLLLoss(reduction="sum")
     run_id, mlflow_client = config.get("run_id"), worker_mlflow_client(config, rank)
 
-    # After a failure Ray Train restarts the workers, and get_checkpoint() returns the last checkpoint.
     start_epoch, history = 1, []  # epochs count from 1, as in Ray Tune's training_iteration
-    if ray.train.get_checkpoint():
+    if ray.train.get_checkpoint():  # after a failure Ray Train restarts the workers from the last checkpoint
         start_epoch, history = resume(ray.train.get_checkpoint(), module, optimizer, mlflow_client, run_id)
     logged_through = start_epoch - 1  # epochs up to here are in MLflow
-
     shard = ray.train.get_dataset_shard("train")
     validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
     timings.record("train: worker set-up", entered)  # model, MLflow client, checkpoint, dataset shards
