@@ -55,10 +55,13 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
-# A local Ray's defaults (a value already in the environment wins). Ray Train's controller collects a
-# worker's report only when it polls, every 2 s by default, and a worker cannot report again before
-# that: on one laptop with a few seconds of compute per run, that wait was most of notebook 04's epochs.
-# The preemption watcher is one more actor process per run, watching for cloud nodes being reclaimed.
+# A local Ray's defaults, in the environment its processes inherit (a value already in the driver's
+# environment wins). Ray Train's controller collects a worker's report only when it polls, every 2 s by
+# default, and a worker cannot report again before that: on one laptop with a few seconds of compute per
+# run, that wait was most of notebook 04's epochs. The preemption watcher is one more actor process per
+# run, watching for cloud nodes being reclaimed. Not in the driver's environment: Ray Train sends every
+# RAY_TRAIN_* variable set there to its controller and workers in a runtime_env, and an actor with a
+# runtime_env of its own waits for a new worker process instead of taking one of Ray's idle ones.
 LOCAL_RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
@@ -195,12 +198,10 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
     address, service = where_ray_runs(settings, address)
     runtime_env: dict[str, Any] | None = None
     environment: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if address == "local" or service is not None:
-        for name, value in LOCAL_RAY_DEFAULTS.items():  # Ray Train passes these from the driver to its workers
-            os.environ.setdefault(name, value)
     if address == "local":
         loopback_only()
-        environment = inherited_environment(settings_env(settings))
+        defaults = {name: value for name, value in LOCAL_RAY_DEFAULTS.items() if name not in os.environ}
+        environment = inherited_environment({**defaults, **settings_env(settings)})
     elif service is not None:
         loopback_only()  # the driver's node is 127.0.0.1, where the stack's Ray listens
         if service.get("auth") == "token":

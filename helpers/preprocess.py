@@ -135,8 +135,14 @@ def skipped_keys(name: str) -> list[str]:
     return keys
 
 
-def to_batch(keys, labels, images: list, skip_counter_name: str | None) -> dict[str, np.ndarray]:
-    """Stack decoded images into ``{"X": float32 [n, 1, 28, 28], "y": int64 [n]}``; errors raise or are counted."""
+def to_batch(keys, labels, images: list, skip_counter_name: str | None,
+             extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Stack decoded images into ``{"X": float32 [n, 1, 28, 28], "y": int64 [n]}``; errors raise or are counted.
+
+    ``extra`` columns (a row number, say) come along for the rows that are kept.
+    """
+    kept = {name: np.asarray(values)[[not isinstance(i, Exception) for i in images]]
+            for name, values in (extra or {}).items()}
     good_images, good_labels, failed = [], [], []
     for key, label, image in zip(keys, labels, images, strict=True):
         if isinstance(image, Exception):
@@ -152,8 +158,8 @@ def to_batch(keys, labels, images: list, skip_counter_name: str | None) -> dict[
         # Wait for the count to land, so the driver reads it complete after the job.
         ray.get(skip_counter(skip_counter_name).add.remote(failed))
     if not good_images:
-        return {"X": np.zeros((0, 1, 28, 28), np.float32), "y": np.zeros(0, np.int64)}
-    return {"X": normalise(np.stack(good_images)), "y": np.asarray(good_labels, dtype=np.int64)}
+        return {"X": np.zeros((0, 1, 28, 28), np.float32), "y": np.zeros(0, np.int64), **kept}
+    return {"X": normalise(np.stack(good_images)), "y": np.asarray(good_labels, dtype=np.int64), **kept}
 
 
 def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_name: str | None = None,
@@ -198,7 +204,8 @@ class ObjectPreprocessor:
         """Fetch and decode one batch (``{"X": keys, "y": labels}``)."""
         started = time.perf_counter()
         images = list(self.pool.map(self._fetch, [str(k) for k in batch["X"]]))
-        out = to_batch(batch["X"], batch["y"], images, self.skip_counter_name)
+        out = to_batch(batch["X"], batch["y"], images, self.skip_counter_name,
+                       {name: column for name, column in batch.items() if name not in ("X", "y")})
         if self.log_dir:
             create_logger(self.log_dir).info(
                 f"actor on node {node_id()}: {len(batch['X'])} objects in {time.perf_counter() - started:.2f} s")
@@ -344,7 +351,8 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
     """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
 
     The training pointers are shuffled (seeded) first. Both splits go through one actor
-    pipeline, in order, and are cut apart after it: one pool of actors to start, not two.
+    pipeline (one pool of actors to start, not two) with each row's number, and are cut
+    apart by it: Ray Data does not promise that blocks come out in the order they went in.
     """
     import ray.data
 
@@ -354,15 +362,12 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
                                                               get_client(settings))
     x_train, y_train = shuffle_pointers(x_train, y_train, seed)
-    pointers = to_ray_dataset([*x_train, *x_test], [*y_train, *y_test])
-    options = ray.data.DataContext.get_current().execution_options
-    in_order, options.preserve_order = options.preserve_order, True  # rows come out in the order they went in
-    try:
-        both = preprocess_with_actors(pointers, bucket, batch_size=batch_size, num_actors=num_actors).materialize()
-    finally:
-        options.preserve_order = in_order
-    train_ds, test_ds = both.split_at_indices([len(x_train)])
-    return train_ds, test_ds
+    keys, labels = [*x_train, *x_test], [*y_train, *y_test]
+    numbered = ray.data.from_items([{"X": str(k), "y": int(v), "row": i}
+                                    for i, (k, v) in enumerate(zip(keys, labels, strict=True))])
+    both = preprocess_with_actors(numbered, bucket, batch_size=batch_size, num_actors=num_actors).materialize()
+    train, test = both.filter(expr=f"row < {len(x_train)}"), both.filter(expr=f"row >= {len(x_train)}")
+    return tuple(part.sort("row").drop_columns(["row"]).materialize() for part in (train, test))
 
 
 def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:

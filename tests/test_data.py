@@ -317,6 +317,15 @@ def test_load_datasets_cuts_one_pipeline_into_the_shuffled_train_and_the_test_sp
         assert np.array_equal(to_uint8(images), np.stack(expected))
 
 
+def test_extra_columns_keep_only_the_rows_whose_image_is_kept(ray_local):
+    counter = f"skips-{uuid.uuid4().hex[:8]}"
+    image = np.full((28, 28), 255, np.uint8)
+    batch = preprocess.to_batch(["a", "b", "c"], [1, 2, 3], [image, ValueError("not an image"), image], counter,
+                                {"row": np.array([10, 11, 12])})
+    assert batch["y"].tolist() == [1, 3] and batch["row"].tolist() == [10, 12] and batch["X"].shape == (2, 1, 28, 28)
+    assert preprocess.skipped_keys(counter) == ["b"]
+
+
 def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():
     x = [f"train/{i % 10}/{i:05d}.png" for i in range(100)]
     y = [i % 10 for i in range(100)]
@@ -384,7 +393,7 @@ def assert_loopback_only(root: psutil.Process) -> None:
     assert not exposed, f"reachable from the network: {exposed}"
 
 
-def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(settings):
+def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(settings, monkeypatch):
     import ray
 
     from helpers import ray_service
@@ -394,6 +403,8 @@ def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(sett
     if service is None:
         pytest.skip("no stack's Ray: the services come from S3_ENDPOINT, not a stack started here")
     cluster.shutdown_ray()
+    for name in cluster.LOCAL_RAY_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
     elsewhere = dataclasses.replace(settings, mlflow_tracking_uri="http://127.0.0.1:9")
     try:
         cluster.init_ray(settings, num_cpus=1)  # a running Ray keeps its own CPUs
@@ -403,6 +414,7 @@ def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(sett
         assert job_env == {}  # the stack's settings are the driver's: nothing to send
         assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
         assert {name: worker_env[name] for name in cluster.LOCAL_RAY_DEFAULTS} == cluster.LOCAL_RAY_DEFAULTS
+        assert not [name for name in cluster.LOCAL_RAY_DEFAULTS if name in os.environ]  # nothing for Ray Train to send
         cluster.shutdown_ray()
 
         cluster.init_ray(elsewhere)  # a driver pointed at other services sends its own settings
@@ -433,7 +445,8 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
         assert worker_env["MLFLOW_TRACKING_URI"] == settings.mlflow_tracking_uri
         # Ray Train's controller polls every 0.2 s and starts no preemption watcher on a local Ray.
         assert {name: worker_env[name] for name in cluster.LOCAL_RAY_DEFAULTS} == cluster.LOCAL_RAY_DEFAULTS
-        # The driver's own environment is as it was.
+        # The driver's own environment is as it was: no RAY_TRAIN_* variable for Ray Train to send its actors.
         assert os.environ["S3_ENDPOINT"] == "http://127.0.0.1:1" and "S3_SECRET_KEY" not in os.environ
+        assert not [name for name in cluster.LOCAL_RAY_DEFAULTS if name in os.environ]
     finally:
         cluster.shutdown_ray()
