@@ -355,6 +355,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
     apart by it: Ray Data does not promise that blocks come out in the order they went in.
     """
     import ray.data
+    from ray.data.expressions import col
 
     check_count("num_actors", num_actors, 1024)
     settings = settings or load_settings()
@@ -366,7 +367,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
     numbered = ray.data.from_items([{"X": str(k), "y": int(v), "row": i}
                                     for i, (k, v) in enumerate(zip(keys, labels, strict=True))])
     both = preprocess_with_actors(numbered, bucket, batch_size=batch_size, num_actors=num_actors).materialize()
-    train, test = both.filter(expr=f"row < {len(x_train)}"), both.filter(expr=f"row >= {len(x_train)}")
+    train, test = both.filter(expr=col("row") < len(x_train)), both.filter(expr=col("row") >= len(x_train))
     return tuple(part.sort("row").drop_columns(["row"]).materialize() for part in (train, test))
 
 
