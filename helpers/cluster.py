@@ -55,13 +55,11 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
-# A local Ray's defaults, in the environment its processes inherit (a value already in the driver's
-# environment wins). Ray Train's controller collects a worker's report only when it polls, every 2 s by
-# default, and a worker cannot report again before that: on one laptop with a few seconds of compute per
-# run, that wait was most of notebook 04's epochs. The preemption watcher is one more actor process per
-# run, watching for cloud nodes being reclaimed. Not in the driver's environment: Ray Train sends every
-# RAY_TRAIN_* variable set there to its controller and workers in a runtime_env, and an actor with a
-# runtime_env of its own waits for a new worker process instead of taking one of Ray's idle ones.
+# A local Ray's defaults, in the environment its processes inherit (a driver's own value wins). Ray Train's
+# controller collects a worker's report only when it polls (every 2 s by default): on a laptop that wait was
+# most of notebook 04's epochs. The preemption watcher is one more actor process per run. Not in the driver's
+# environment: Ray Train sends RAY_TRAIN_* variables set there to its actors in a runtime_env, which costs
+# each of them a new worker process instead of one of Ray's idle ones.
 LOCAL_RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
@@ -135,11 +133,9 @@ def loopback_only() -> None:
 def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[str, Any] | None:
     """A job's ``runtime_env`` on the stack's Ray: None when its workers already have these settings.
 
-    The stack's Ray hands its workers the settings of the stack that started it; a
-    driver pointed elsewhere (another endpoint or keys in the environment) sends its
-    own. A span file (``SMOKE_TIMINGS``) other than the one the service started with
-    travels the same way. A job with a ``runtime_env`` waits for workers of its own:
-    measured 1.5-3 s more for every pipeline of actors.
+    A driver pointed at other services than the stack's, or with another span file
+    (``SMOKE_TIMINGS``), sends its own. A job with a ``runtime_env`` waits for workers of
+    its own: measured 1.5-3 s more for every pipeline of actors.
     """
     env_vars = {}
     if ray_service.settings_digest(settings_env(settings)) != service.get("settings"):

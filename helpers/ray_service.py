@@ -21,8 +21,6 @@ from pathlib import Path
 
 SERVICE_FILE = "ray.json"
 PORT_ENV = "RAY_GCS_SERVER_PORT"  # Ray's own variable: the port a new head's GCS listens on
-# Not for the service's workers: a cluster address left in the environment of `stack up`.
-NOT_INHERITED = ("RAY_ADDRESS",)
 
 
 def settings_digest(env: dict[str, str]) -> str:
@@ -48,8 +46,7 @@ def serve(state: Path, num_cpus: int | None) -> None:
     from helpers import cluster, stack, timings
     from helpers.config import load_settings
 
-    for name in NOT_INHERITED:
-        os.environ.pop(name, None)
+    os.environ.pop("RAY_ADDRESS", None)  # not for this Ray's workers: a cluster left in the environment of `up`
     for name, value in cluster.LOCAL_RAY_DEFAULTS.items():
         os.environ.setdefault(name, value)
     env = cluster.settings_env(load_settings(environ={}, stack_state=state))

@@ -608,7 +608,8 @@ def down(state: Path | None = None, timeout: float = 20.0, only: tuple[str, ...]
         for service in reversed([s for s in SERVICES if s in only]):
             proc = _running(state, service)
             if proc is not None:
-                _stop_group(proc, timeout)
+                # Ray stops its own processes in 3.5 s; SIGTERM to all of them at once waited for SIGKILL
+                _stop_group(proc, timeout, leader_first=service == "ray")
                 stopped.append(service)
             (state / f"{service}.pid").unlink(missing_ok=True)
     return stopped
@@ -630,9 +631,14 @@ def _process_group(proc: psutil.Process) -> list[psutil.Process]:
     return list(members.values())
 
 
-def _stop_group(proc: psutil.Process, timeout: float) -> None:
-    """SIGTERM the service's whole process group (workers it forked too), SIGKILL what is left after ``timeout``."""
+def _stop_group(proc: psutil.Process, timeout: float, leader_first: bool = False) -> None:
+    """SIGTERM the service's process group (``leader_first``: the service alone first), SIGKILL what is left."""
     members = _process_group(proc)
+    if leader_first:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+        psutil.wait_procs([proc], timeout=timeout)
+        _, members = psutil.wait_procs(members, timeout=0)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for member in members:
             with contextlib.suppress(psutil.NoSuchProcess):
