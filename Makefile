@@ -11,6 +11,10 @@ $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -e .
+	@# JupyterLab's jupyter-events pulls in rfc3987-syntax (jsonschema[format-nongpl]), whose import
+	@# builds an IRI grammar: 2 s in every process that imports Ray (Ray imports jsonschema), so in
+	@# every kernel and Ray worker. Nothing here checks IRIs; jsonschema skips that format without it.
+	$(PY) -m pip uninstall --quiet --yes rfc3987-syntax
 	@touch $(STAMP)
 
 install: $(STAMP)  ## create .venv and install everything

@@ -10,7 +10,8 @@ RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu 
 WORKDIR /workspace
 COPY requirements.txt pyproject.toml README.md ./
 COPY helpers ./helpers
-RUN pip install --no-cache-dir -r requirements.txt && pip install --no-cache-dir -e .
+RUN pip install --no-cache-dir -r requirements.txt && pip install --no-cache-dir -e . \
+    && pip uninstall --yes rfc3987-syntax  # 2 s per Ray process import: see the Makefile
 
 RUN useradd --create-home --uid 1000 tutorial && chown tutorial /workspace
 USER tutorial

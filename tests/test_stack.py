@@ -434,3 +434,11 @@ def test_up_download_lakefs_offline_starts_without_it_in_one_line(state, tmp_pat
     assert "Traceback" not in result.stdout + result.stderr
     assert not (tmp_path / "home" / ".lakefs" / "bin" / "lakefs").exists()
     assert not {r.name: r for r in stack.status(state)}["lakefs"].running
+
+
+def test_importing_ray_builds_no_iri_grammar():
+    # `make install` removes rfc3987-syntax: Ray imports jsonschema, whose optional IRI checker built
+    # a grammar for about 2 s in every kernel and every Ray worker process.
+    code = "import sys, ray; print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", f"`import ray` loaded {out.stdout.strip()}: run `make install` to remove it"
