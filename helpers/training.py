@@ -120,6 +120,8 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     check_fraction("momentum", params.get("momentum", 0.0))
     check_count("batch_size_per_worker", params.get("batch_size_per_worker", 64), 100_000)
     check_count("checkpoint_every", params.get("checkpoint_every", 1), 10_000)
+    if not isinstance(params.get("cache_shard", False), bool):
+        raise ParameterError(f"cache_shard must be True or False, not {params['cache_shard']!r}.")
     hidden = params.get("hidden_sizes", (128, 64))
     if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__len__") or not len(hidden):
         raise ParameterError(f"hidden_sizes must be a list of layer widths such as [128, 64], not {hidden!r}.")
@@ -219,6 +221,33 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+def epoch_batches(shard, config: dict[str, Any], epoch: int, cache: list | None):
+    """This worker's batches for one epoch, as ``{"X", "y"}`` tensors.
+
+    Ray Data streams the shard (``iter_torch_batches``, shuffled locally, seeded per epoch). With
+    ``cache`` a list (``config["cache_shard"]``), the first epoch also keeps the shard in it and later
+    epochs shuffle and slice it in memory, skipping Ray Data's per-batch work, which takes the worker
+    about as long as the step itself for this model; the shard must fit in the worker's memory.
+    """
+    size, seed = config["batch_size_per_worker"], int(config.get("seed", 0)) + epoch
+    if cache:  # later epochs: the first epoch's rows, in a new order
+        x, y = cache
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+        for start in range(0, len(order), size):
+            rows = order[start:start + size]
+            yield {"X": x[rows], "y": y[rows]}
+        return
+    kept = []
+    for batch in shard.iter_torch_batches(batch_size=size, dtypes={"X": torch.float32, "y": torch.int64},
+                                          local_shuffle_buffer_size=config.get("shuffle_buffer", 2000),
+                                          local_shuffle_seed=seed):
+        if cache is not None:
+            kept.append(batch)
+        yield batch
+    if cache is not None and kept:
+        cache += [torch.cat([batch["X"] for batch in kept]), torch.cat([batch["y"] for batch in kept])]
+
+
 @torch.no_grad()
 def validate(net: nn.Module, shard) -> float:
     """Accuracy on this worker's validation shard, all-reduced over the workers."""
@@ -284,6 +313,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
     logged_through = start_epoch - 1  # epochs up to here are in MLflow
     shard = ray.train.get_dataset_shard("train")
     validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
+    cache = [] if config.get("cache_shard") else None  # filled by the first epoch (epoch_batches)
     timings.record("train: worker set-up", entered)  # model, MLflow client, checkpoint, dataset shards
     for epoch in range(start_epoch, config["epochs"] + 1):
         maybe_fail(config, epoch, rank)
@@ -291,10 +321,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
         loss_sum = correct = count = data_s = 0.0
         started = waited = time.perf_counter()
         wall_start = time.time()
-        for batch in shard.iter_torch_batches(batch_size=config["batch_size_per_worker"],
-                                              dtypes={"X": torch.float32, "y": torch.int64},
-                                              local_shuffle_buffer_size=config.get("shuffle_buffer", 2000),
-                                              local_shuffle_seed=int(config.get("seed", 0)) + epoch):
+        for batch in epoch_batches(shard, config, epoch, cache):
             data_s += time.perf_counter() - waited
             optimizer.zero_grad()
             output = net(batch["X"])

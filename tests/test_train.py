@@ -3,6 +3,7 @@
 import dataclasses
 import uuid
 
+import numpy as np
 import pytest
 import ray.train
 from mlflow.tracking import MlflowClient
@@ -100,13 +101,37 @@ def test_checkpoints_at_the_cadence_and_always_after_the_last_epoch():
 def test_a_killed_worker_resumes_from_the_checkpoint(settings, train_bucket, tmp_path):
     marker = tmp_path / "failed-once"
     # A checkpoint every 2 epochs: the fault in epoch 4 sends the run back to epoch 2's checkpoint, and the
-    # epochs logged to MLflow are those checkpointed, so epoch 3 (run twice) is logged once.
-    result = train_and_test(settings, train_bucket, {**PARAMS, "checkpoint_every": 2}, experiment="tests-train-fault",
-                            fail_at_epoch=4, fail_rank=1, fail_marker=str(marker))
+    # epochs logged to MLflow are those checkpointed, so epoch 3 (run twice) is logged once. The shards are
+    # cached: the restarted workers stream their first epoch (3) again and train from memory after it.
+    result = train_and_test(settings, train_bucket, {**PARAMS, "checkpoint_every": 2, "cache_shard": True},
+                            experiment="tests-train-fault", fail_at_epoch=4, fail_rank=1, fail_marker=str(marker))
     assert marker.exists(), "the fault fired"
     assert [row["epoch"] for row in result.history] == [1, 2, 3, 4, 5]
+    assert {row["samples"] for row in result.history} == {result.history[0]["samples"]}  # every epoch, every row
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
     steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, result.run_id, "train_loss")]
     assert steps == [1, 2, 3, 4, 5], "every epoch logged exactly once"
+
+
+def test_a_cached_shard_gives_later_epochs_the_same_rows_in_a_new_order_without_ray_data(settings):
+    import ray.data
+    import torch
+
+    cluster.init_ray(settings)
+    shard = ray.data.from_items([{"X": np.full(4, i, np.float32), "y": i} for i in range(50)])
+    config = {"batch_size_per_worker": 8, "shuffle_buffer": 10, "seed": 1}
+    cache = []
+    first = list(training.epoch_batches(shard, config, 1, cache))
+    rows = lambda batches: torch.cat([b["y"] for b in batches]).tolist()  # noqa: E731
+    assert sorted(rows(first)) == list(range(50))
+    assert torch.equal(cache[0][:, 0].long(), cache[1]) and sorted(cache[1].tolist()) == list(range(50))
+    second = list(training.epoch_batches(None, config, 2, cache))  # no dataset: from memory only
+    assert sorted(rows(second)) == list(range(50)) and rows(second) != rows(first)
+    assert [len(b["y"]) for b in second] == [8] * 6 + [2]
+    assert all(torch.equal(b["X"][:, 0].long(), b["y"]) for b in second)  # images stay with their labels
+    assert rows(training.epoch_batches(None, config, 2, cache)) == rows(second)  # seeded by epoch
+    assert rows(training.epoch_batches(None, config, 3, cache)) != rows(second)
+    assert sorted(rows(list(training.epoch_batches(shard, config, 2, None)))) == list(range(50))  # no cache
 
 
 def test_training_goes_on_when_mlflow_is_unreachable(settings, train_bucket, capfd):
@@ -263,6 +288,7 @@ def test_a_run_ends_failed_on_an_error_and_killed_on_an_interrupt(settings):
     ({"momentum": 1.5}, "momentum must be a number from 0"),
     ({"batch_size_per_worker": 0}, "batch_size_per_worker=0 is out of range"),
     ({"checkpoint_every": 0}, "checkpoint_every=0 is out of range"),
+    ({"cache_shard": "yes"}, "cache_shard must be True or False, not 'yes'"),
     ({"hidden_sizes": []}, "hidden_sizes must be a list"),
     ({"hidden_sizes": [64, 0]}, "each of hidden_sizes=0"),
     ({"optimizer": "rmsprop"}, "optimizer must be"),
