@@ -609,7 +609,7 @@ def down(state: Path | None = None, timeout: float = 20.0, only: tuple[str, ...]
             proc = _running(state, service)
             if proc is not None:
                 # Ray stops its own processes in 3.5 s; SIGTERM to all of them at once waited for SIGKILL
-                _stop_group(proc, timeout, leader_first=service == "ray")
+                stop_group(proc, timeout, leader_first=service == "ray")
                 stopped.append(service)
             (state / f"{service}.pid").unlink(missing_ok=True)
     return stopped
@@ -631,22 +631,43 @@ def _process_group(proc: psutil.Process) -> list[psutil.Process]:
     return list(members.values())
 
 
-def _stop_group(proc: psutil.Process, timeout: float, leader_first: bool = False) -> None:
+def stop_group(proc: psutil.Process, timeout: float, leader_first: bool = False) -> None:
     """SIGTERM the service's process group (``leader_first``: the service alone first), SIGKILL what is left."""
     members = _process_group(proc)
     if leader_first:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.terminate()
-        psutil.wait_procs([proc], timeout=timeout)
-        _, members = psutil.wait_procs(members, timeout=0)
+        members = [member for member in _wait_stopped(members, timeout, [proc]) if member.pid != proc.pid]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for member in members:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.send_signal(sig)
-        _, alive = psutil.wait_procs(members, timeout=timeout)
-        if not alive:
+        members = _wait_stopped(members, timeout)
+        if not members:
             return
-        members = alive
+
+
+def _wait_stopped(procs: list[psutil.Process], timeout: float, until: list | None = None) -> list[psutil.Process]:
+    """Those of ``procs`` still running after ``until`` (default: all of them) stopped or ``timeout`` s passed.
+
+    A process that exited but is not yet reaped (a zombie) counts as stopped: only its parent can
+    reap it, which is not this process when another one started the stack, nor, for an orphan, an
+    init that does not reap. Waiting for it to vanish used to wait out every timeout (60 s).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        _, alive = psutil.wait_procs(procs, timeout=0)  # reaps those that are this process's children
+        alive = [p for p in alive if not _is_zombie(p)]
+        if not [p for p in alive if until is None or p in until] or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def _is_zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def kill_service(service: str, state: Path | None = None) -> None:
@@ -658,7 +679,7 @@ def kill_service(service: str, state: Path | None = None) -> None:
         for member in members:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.kill()
-        psutil.wait_procs(members, timeout=10)
+        _wait_stopped(members, 10)
 
 
 def ensure_stack(with_mlflow: bool = True) -> Settings:
