@@ -1,10 +1,8 @@
 """``make lab``: the embedded stack, a local Ray cluster with its dashboard, and JupyterLab, with every URL printed.
 
-The notebooks join this Ray (``RAY_ADDRESS`` is set for JupyterLab's
-kernels) instead of each starting its own, so the dashboard shows their
-tasks, actors and training workers live. The stack's own Ray (which has no
-dashboard) is stopped meanwhile. Ctrl-C stops JupyterLab and this Ray, and
-starts the stack's again; the stack keeps running (``make stack-down`` stops it).
+The kernels join this Ray (``RAY_ADDRESS``), so its dashboard shows their tasks, actors and training
+workers live; the stack's Ray (no dashboard) is stopped meanwhile. Ctrl-C stops JupyterLab and this
+Ray and starts the stack's again; the stack keeps running (``make stack-down`` stops it).
 """
 
 from __future__ import annotations
@@ -52,11 +50,7 @@ def start_ray(cpus: int, port: int, dashboard_port: int) -> subprocess.Popen:
 
 
 def stop_ray(proc: subprocess.Popen) -> None:
-    """Stop the Ray head this lab started (its whole process group), never another Ray on the machine.
-
-    ``ray start --block`` stops its own processes on SIGTERM; a SIGTERM to the whole group at once
-    left it waiting on processes already stopping (36 s), so it goes first and the rest after.
-    """
+    """Stop the Ray head this lab started (its process group; ``ray start`` first, which stops its own)."""
     with contextlib.suppress(psutil.NoSuchProcess):
         stack.stop_group(psutil.Process(proc.pid), timeout=30, leader_first=True)
     proc.wait(timeout=10)

@@ -608,7 +608,6 @@ def down(state: Path | None = None, timeout: float = 20.0, only: tuple[str, ...]
         for service in reversed([s for s in SERVICES if s in only]):
             proc = _running(state, service)
             if proc is not None:
-                # Ray stops its own processes in 3.5 s; SIGTERM to all of them at once waited for SIGKILL
                 stop_group(proc, timeout, leader_first=service == "ray")
                 stopped.append(service)
             (state / f"{service}.pid").unlink(missing_ok=True)
@@ -648,16 +647,10 @@ def stop_group(proc: psutil.Process, timeout: float, leader_first: bool = False)
 
 
 def _wait_stopped(procs: list[psutil.Process], timeout: float, until: list | None = None) -> list[psutil.Process]:
-    """Those of ``procs`` still running after ``until`` (default: all of them) stopped or ``timeout`` s passed.
-
-    A process that exited but is not yet reaped (a zombie) counts as stopped: only its parent can
-    reap it, which is not this process when another one started the stack, nor, for an orphan, an
-    init that does not reap. Waiting for it to vanish used to wait out every timeout (60 s).
-    """
+    """Those of ``procs`` running once ``until`` (default: all) stopped or ``timeout`` s passed (zombies: stopped)."""
     deadline = time.monotonic() + timeout
     while True:
-        _, alive = psutil.wait_procs(procs, timeout=0)  # reaps those that are this process's children
-        alive = [p for p in alive if not _is_zombie(p)]
+        alive = [p for p in psutil.wait_procs(procs, timeout=0)[1] if not _is_zombie(p)]  # reaps our children
         if not [p for p in alive if until is None or p in until] or time.monotonic() >= deadline:
             return alive
         time.sleep(0.1)
