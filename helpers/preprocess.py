@@ -22,15 +22,20 @@ from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, Stor
                              s3_filesystem)
 
 
-def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None):
-    """Pointers and labels as a Ray Dataset of ``{"X": key, "y": label}`` rows (notebook 03)."""
+def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None,
+                   numbered: bool = False):
+    """Pointers and labels as a Ray Dataset of ``{"X": key, "y": label}`` rows (notebook 03).
+
+    ``numbered`` adds each row's position as ``"row"``, to put rows back in order after a pipeline.
+    """
     import ray.data
 
     if len(X) != len(y):
         raise ParameterError(f"X has {len(X)} pointers but y has {len(y)} labels; they must align.")
     if len(X) == 0:
         raise ParameterError("No pointers: list the bucket first (helpers.listing.get_train_test_data).")
-    items = [{"X": str(key), "y": int(label)} for key, label in zip(X, y, strict=True)]
+    items = [{"X": str(key), "y": int(label), **({"row": i} if numbered else {})}
+             for i, (key, label) in enumerate(zip(X, y, strict=True))]
     return ray.data.from_items(items, override_num_blocks=override_num_blocks)
 
 
@@ -364,9 +369,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
                                                               get_client(settings))
     x_train, y_train = shuffle_pointers(x_train, y_train, seed)
-    keys, labels = [*x_train, *x_test], [*y_train, *y_test]
-    numbered = ray.data.from_items([{"X": str(k), "y": int(v), "row": i}
-                                    for i, (k, v) in enumerate(zip(keys, labels, strict=True))])
+    numbered = to_ray_dataset([*x_train, *x_test], [*y_train, *y_test], numbered=True)
     both = preprocess_with_actors(numbered, bucket, batch_size=batch_size, num_actors=num_actors)
     # Back in row order in the driver: the rows fit (188 MB at full size), while Ray Data's sort,
     # a distributed shuffle, spent 15 s starting tasks and processes at smoke size on two cores.

@@ -221,6 +221,14 @@ def test_pointer_lists_must_align():
         preprocess.to_ray_dataset(["a", "b"], [1])
     with pytest.raises(ParameterError, match="No pointers"):
         preprocess.to_ray_dataset([], [])
+    with pytest.raises(ParameterError, match="No pointers"):  # load_datasets numbers its pointers through it
+        preprocess.to_ray_dataset([], [], numbered=True)
+
+
+def test_numbered_pointers_carry_their_position(ray_local):
+    rows = preprocess.to_ray_dataset(["a", "b", "c"], [1, 2, 3], numbered=True).take_all()
+    assert [(r["X"], r["y"], r["row"]) for r in rows] == [("a", 1, 0), ("b", 2, 1), ("c", 3, 2)]
+    assert "row" not in preprocess.to_ray_dataset(["a"], [1]).take_all()[0]
 
 
 def test_logger_stamps_pid_and_node(ray_local, dataset_bucket, pointers, tmp_path):
@@ -309,7 +317,7 @@ def test_load_datasets_cuts_one_pipeline_into_the_shuffled_train_and_the_test_sp
     x_train, y_train = preprocess.shuffle_pointers(x_train, y_train, seed=5)
     # Batches of 16 over two actors: every row, in order, on its side of the cut.
     train_ds, test_ds = preprocess.load_datasets(dataset_bucket, SMOKE, seed=5, batch_size=16)
-    assert ray.data.DataContext.get_current().execution_options.preserve_order is False  # restored
+    assert ray.data.DataContext.get_current().execution_options.preserve_order is False  # not relied on, not set
     for ds, keys, labels in ((train_ds, x_train, y_train), (test_ds, x_test, y_test)):
         images, got_labels = preprocess.dataset_to_numpy(ds)
         expected = [np.asarray(preprocess.fetch_decode(client, dataset_bucket, key)) for key in keys]
