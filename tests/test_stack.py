@@ -442,3 +442,21 @@ def test_importing_ray_builds_no_iri_grammar():
     code = "import sys, ray; print(sorted(m for m in sys.modules if m.startswith(('rfc3987', 'lark'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", f"`import ray` loaded {out.stdout.strip()}: run `make install` to remove it"
+
+
+def test_an_exited_process_its_parent_has_not_reaped_counts_as_stopped():
+    # A stack started by another process (the test session, `make lab`): its services' parent is not the
+    # process stopping them, so an exited service stays a zombie until that parent reaps it.
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               "print(subprocess.Popen(['sleep', '60']).pid, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        child.kill()
+        while child.status() != psutil.STATUS_ZOMBIE:  # exited, and its parent never reaps it
+            time.sleep(0.05)
+        assert stack._wait_stopped([child], timeout=0) == []
+        assert stack._wait_stopped([psutil.Process(parent.pid)], timeout=0) == [psutil.Process(parent.pid)]
+    finally:
+        parent.kill()
+        parent.wait()
