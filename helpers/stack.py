@@ -131,18 +131,14 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free ports chosen by the kernel, one per name (used by tests)."""
-    sockets, ports = [], {}
-    try:
-        for name in names:
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-            ports[name] = sock.getsockname()[1]
-    finally:
-        for sock in sockets:
-            sock.close()
-    return ports
+    """Distinct free ports, one per name (used by tests), below the kernel's ephemeral range.
+
+    A port the kernel hands out for connections and port-0 binds (Ray's workers) could be taken first.
+    """
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    candidates = secrets.SystemRandom().sample(range(10_000, max(low, 20_000)), 2000)
+    return dict(zip(names, (port for port in candidates if port_is_free(port)), strict=False))
 
 
 def write_private(path: Path, text: str) -> None:

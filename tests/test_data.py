@@ -6,7 +6,6 @@ import io
 import ipaddress
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import cluster, listing, notebook, preprocess, storage, upload
+from helpers import cluster, listing, notebook, preprocess, stack, storage, upload
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
 
@@ -128,7 +127,7 @@ def test_skip_mode_never_skips_an_outage(ray_local, broken_bucket, monkeypatch, 
         monkeypatch.setenv("S3_SECRET_KEY", "not-the-secret")
         expected = storage.BadCredentials
     else:
-        monkeypatch.setenv("S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+        monkeypatch.setenv("S3_ENDPOINT", f"http://127.0.0.1:{stack.free_ports(['s3'])['s3']}")
         expected = storage.ObjectStoreUnreachable
     worker = preprocess.ObjectPreprocessor(broken_bucket, threads=2, skip_counter_name=counter)
     batch = {"X": np.array(["train/5/00000.png", "train/3/corrupt.png"]), "y": np.array([5, 3])}
@@ -240,12 +239,6 @@ def test_logger_stamps_pid_and_node(ray_local, dataset_bucket, pointers, tmp_pat
     assert {int(line.split()[0]) for line in lines}.isdisjoint({os.getpid()}), "written by Ray workers"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 DRIVER = textwrap.dedent("""
     import json, sys, time
     from helpers import cluster, listing, preprocess
@@ -263,34 +256,29 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def stop_node(proc: subprocess.Popen) -> None:
-    """Stop one `ray start --block` node and everything it spawned (never other Ray instances)."""
-    try:
-        members = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for member in members:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.terminate()
-    _, alive = psutil.wait_procs(members, timeout=20)
-    for member in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            member.kill()
+def wait_for_port(port: int, timeout: float = 60) -> None:
+    """Until something listens on ``127.0.0.1:port`` (the head's GCS) or ``timeout`` s passed."""
+    deadline = time.monotonic() + timeout
+    while stack.port_is_free(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
 def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket, tmp_path):
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    port = free_port()
-    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    port = stack.free_ports(["ray"])["ray"]
+    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token"}  # `ray start` turns tokens on
     common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
     nodes = []
     try:
+        # Each node in a process group of its own: stopping it stops what it spawned, never this process.
         nodes.append(subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                                       *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(5)  # the head must accept connections before the second node joins
+                                       *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
+        wait_for_port(port)  # the head must accept connections before the second node joins
         nodes.append(subprocess.Popen([ray_bin, "start", f"--address=127.0.0.1:{port}", *common],
-                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True))
         result = subprocess.run([sys.executable, "-c", DRIVER, dataset_bucket, str(tmp_path)],
                                 capture_output=True, text=True, env=env, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -299,8 +287,9 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
         used = {line.split(" on node ")[1].split(":")[0] for line in preprocess.read_log(tmp_path)}
         assert used == set(facts["nodes"]), "tasks ran on both nodes"
     finally:
-        for proc in reversed(nodes):
-            stop_node(proc)
+        for proc in reversed(nodes):  # a throwaway cluster: `ray start --block` takes 20 s and more on SIGTERM
+            with contextlib.suppress(psutil.NoSuchProcess):
+                stack.stop_group(psutil.Process(proc.pid), timeout=3)
         marker = "/tmp/ray/ray_current_cluster"  # `ray start` leaves it behind; `ray stop` would remove it
         with contextlib.suppress(OSError):
             with open(marker) as handle:
