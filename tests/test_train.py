@@ -25,6 +25,7 @@ class Trained:
     test_accuracy: float
     test_images: object
     test_labels: object
+    fault_marker: object = None
 
 
 def train_and_test(settings, bucket, params, num_workers=2, experiment="tests-train", run_id=None, **extra):
@@ -53,8 +54,17 @@ def train_bucket(client):
 
 
 @pytest.fixture(scope="module")
-def trained(settings, train_bucket):
-    return train_and_test(settings, train_bucket, PARAMS)
+def trained(settings, train_bucket, tmp_path_factory):
+    """The module's one training run, through a fault: rank 1 dies in epoch 4 of 5, a checkpoint every 2 epochs.
+
+    The run goes back to epoch 2's checkpoint, and the epochs logged to MLflow are those checkpointed, so
+    epoch 3 (run twice) is logged once. The shards are cached: the restarted workers stream their first
+    epoch (3) again and train from memory after it. Every test of the module checks the run's end state.
+    """
+    marker = tmp_path_factory.mktemp("fault") / "failed-once"
+    result = train_and_test(settings, train_bucket, {**PARAMS, "checkpoint_every": 2, "cache_shard": True},
+                            fail_at_epoch=4, fail_rank=1, fail_marker=str(marker))
+    return dataclasses.replace(result, fault_marker=marker)
 
 
 def test_loss_goes_down_over_epochs(trained):
@@ -98,18 +108,12 @@ def test_checkpoints_at_the_cadence_and_always_after_the_last_epoch():
     assert [e for e in range(1, 4) if training.checkpoint_due(e, {"epochs": 3})] == [1, 2, 3]  # default: every epoch
 
 
-def test_a_killed_worker_resumes_from_the_checkpoint(settings, train_bucket, tmp_path):
-    marker = tmp_path / "failed-once"
-    # A checkpoint every 2 epochs: the fault in epoch 4 sends the run back to epoch 2's checkpoint, and the
-    # epochs logged to MLflow are those checkpointed, so epoch 3 (run twice) is logged once. The shards are
-    # cached: the restarted workers stream their first epoch (3) again and train from memory after it.
-    result = train_and_test(settings, train_bucket, {**PARAMS, "checkpoint_every": 2, "cache_shard": True},
-                            experiment="tests-train-fault", fail_at_epoch=4, fail_rank=1, fail_marker=str(marker))
-    assert marker.exists(), "the fault fired"
-    assert [row["epoch"] for row in result.history] == [1, 2, 3, 4, 5]
-    assert {row["samples"] for row in result.history} == {result.history[0]["samples"]}  # every epoch, every row
-    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"]
-    steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, result.run_id, "train_loss")]
+def test_a_killed_worker_resumes_from_the_checkpoint(trained, settings):
+    assert trained.fault_marker.exists(), "the fault fired"
+    assert [row["epoch"] for row in trained.history] == [1, 2, 3, 4, 5]
+    assert {row["samples"] for row in trained.history} == {SMOKE}  # every epoch, every row, also after the restart
+    assert trained.history[-1]["train_loss"] < trained.history[0]["train_loss"]
+    steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, trained.run_id, "train_loss")]
     assert steps == [1, 2, 3, 4, 5], "every epoch logged exactly once"
 
 
@@ -134,14 +138,6 @@ def test_a_cached_shard_gives_later_epochs_the_same_rows_in_a_new_order_without_
     assert sorted(rows(list(training.epoch_batches(shard, config, 2, None)))) == list(range(50))  # no cache
 
 
-def test_training_goes_on_when_mlflow_is_unreachable(settings, train_bucket, capfd):
-    offline = dataclasses.replace(settings, mlflow_tracking_uri="http://127.0.0.1:9")
-    result = train_and_test(offline, train_bucket, {**PARAMS, "epochs": 2}, num_workers=1, run_id="no-server")
-    assert [row["epoch"] for row in result.history] == [1, 2] and 0 < result.test_accuracy <= 1
-    with pytest.raises(tracking.TrackingUnavailable, match="127.0.0.1:9.*python -m helpers.stack up"):
-        tracking.connect(offline.mlflow_tracking_uri)
-
-
 def test_rest_variant_logs_into_the_same_run(settings):
     uri = settings.mlflow_tracking_uri
     client = tracking.connect(uri)
@@ -160,6 +156,8 @@ def test_a_refused_log_turns_worker_logging_off_with_one_line(settings, capsys):
     assert training.worker_mlflow_client({"run_id": "x", "tracking_uri": "http://127.0.0.1:9"}, 0) is None
     assert "127.0.0.1:9" in capsys.readouterr().out
     assert training.worker_mlflow_client({"run_id": "x", "tracking_uri": settings.mlflow_tracking_uri}, 1) is None
+    with pytest.raises(tracking.TrackingUnavailable, match="127.0.0.1:9.*python -m helpers.stack up"):
+        tracking.connect("http://127.0.0.1:9")
 
 
 def test_parallel_runs_can_log_the_same_dataset(settings):
@@ -222,6 +220,10 @@ def test_mlflow_calls_give_up_in_seconds_when_the_server_is_gone():
 
 @pytest.mark.timeout(400)
 def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_path, capsys):
+    """MLflow dies after the first epoch is logged, then the worker in the last epoch: the training result is whole.
+
+    The restarted worker starts with MLflow unreachable (its check says so in one line and it trains on).
+    """
     import threading
     import time
 
@@ -249,9 +251,12 @@ def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_pa
 
         watcher = threading.Thread(target=kill_after_the_first_epoch, daemon=True)
         watcher.start()
-        result = train_and_test(private, train_bucket, {**PARAMS, "epochs": 8}, num_workers=1, run_id=run_id)
+        marker = tmp_path / "failed-once"
+        result = train_and_test(private, train_bucket, {**PARAMS, "epochs": 8}, num_workers=1, run_id=run_id,
+                                fail_at_epoch=8, fail_rank=0, fail_marker=str(marker))
         watcher.join(timeout=5)
         assert killed.is_set(), "MLflow was killed while training ran"
+        assert marker.exists(), "the worker died too, and its restart found MLflow gone"
         assert [row["epoch"] for row in result.history] == list(range(1, 9))  # the training result is whole
         assert 0 < result.test_accuracy <= 1
         capsys.readouterr()
