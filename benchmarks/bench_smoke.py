@@ -7,6 +7,8 @@ training, each epoch's compute and checkpoint + report, each Tune trial) and
 every cell's duration (MLflow and object-store cells show up there). The same
 run times a yardstick, one epoch of a plain PyTorch loop, and reports every
 figure also in yardsticks, so runs on machines of different speed compare.
+It also times a Ray Train fit whose loop only reports once: the part of
+notebook 04's training that is Ray Train starting and stopping.
 
     python benchmarks/bench_smoke.py                  # 01-05 (06 too where lakeFS runs), 3 repeats
     python benchmarks/bench_smoke.py --lakefs-double  # 06 against the tests' lakeFS API double where none runs
@@ -64,6 +66,39 @@ def yardstick(repeats: int = 3) -> float:
         return statistics.median(epoch() for _ in range(repeats))
     finally:
         torch.set_num_threads(threads)
+
+
+def _report_once(config: dict) -> None:
+    import ray.train
+
+    ray.train.report({"reported": 1})
+
+
+def empty_fit(repeats: int = 3) -> float:
+    """Median seconds of a Ray Train fit on the stack's Ray whose loop only reports once.
+
+    Two workers with notebook 04's resources: what starting and stopping Ray Train (controller,
+    worker actors, torch.distributed) costs a notebook before any data, epoch or checkpoint.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from helpers import cluster, training
+
+    resources = cluster.init_ray()
+    seconds = []
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for number in range(repeats):
+                trainer = TorchTrainer(_report_once, scaling_config=ray.train.ScalingConfig(
+                    num_workers=2, resources_per_worker=training.worker_resources(2, False, resources["CPU"])),
+                    run_config=ray.train.RunConfig(name=f"empty-{number}", storage_path=folder))
+                started = time.perf_counter()
+                trainer.fit()
+                seconds.append(time.perf_counter() - started)
+    finally:
+        cluster.shutdown_ray()
+    return statistics.median(seconds)
 
 
 def cell_durations(notebook: Path, minimum: float = 0.5) -> list[dict]:
@@ -199,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     # for the machine's speed during the whole run, not at one moment.
     sticks = [yardstick()]
     print(f"yardstick: {sticks[0]:.3f} s", flush=True)
+    floor = empty_fit()
+    print(f"Ray Train fit with an empty loop: {floor:.1f} s", flush=True)
     repeats = []
     try:
         for number in range(args.repeats):
@@ -232,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
         "yardstick_seconds": round(stick, 3), "yardsticks_measured": [round(x, 3) for x in sticks],
         "repeats": args.repeats, "lakefs": lakefs,
+        "ray_train_empty_fit": {"seconds": round(floor, 1), "yardsticks": round(floor / stick, 1)},
         "notebooks": summary, "targets": targets, "raw": repeats}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -244,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["notebook", "status", "seconds", "yardsticks", "largest parts (s)"])
     print_table("Targets (yardsticks)", [{"check": k, **v} for k, v in targets.items()],
                 ["check", "measured", "target", "met"])
+    print(f"\nRay Train fit with an empty loop (2 workers): {floor:.1f} s = {floor / stick:.1f} yardsticks")
     print(f"\nwritten: {path}")
     return 0 if all(r["status"] == ["ok"] or r["status"] == ["skipped"] for r in summary) else 1
 

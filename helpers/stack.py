@@ -131,13 +131,14 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free ports, one per name (used by tests), below the kernel's ephemeral range.
+    """Distinct free ports, one per name (used by tests), from 20000 to the kernel's ephemeral range.
 
-    A port the kernel hands out for connections and port-0 binds (Ray's workers) could be taken first.
+    Other processes could take a port from that range (connections, port-0 binds) or from Ray's
+    default worker ports (10002-19999) between choosing it and the service binding it.
     """
     ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
     low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    candidates = secrets.SystemRandom().sample(range(10_000, max(low, 20_000)), 2000)
+    candidates = secrets.SystemRandom().sample(range(20_000, max(low, 24_000)), 2000)
     return dict(zip(names, (port for port in candidates if port_is_free(port)), strict=False))
 
 
@@ -449,7 +450,10 @@ def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Proces
 
 
 def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> None:
+    deadline = time.monotonic() + 1.5  # a service stopped just now may hold its ports a moment longer
     for name in names:
+        while not port_is_free(ports[name]) and time.monotonic() < deadline:
+            time.sleep(0.2)
         if not port_is_free(ports[name]):
             flag = {"s3": "--s3-port", "mlflow": "--mlflow-port", "lakefs": "--lakefs-port",
                     "ray": "--ray-port"}.get(name, "--port-base")
