@@ -209,11 +209,18 @@ def _our_process(record: dict) -> psutil.Process | None:
         proc = psutil.Process(record["pid"])
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        if abs(proc.create_time() - record["create_time"]) > 0.5 or proc.exe() != record["exe"]:
+        now = _identity(proc)  # the start on the wall clock moves when the clock is set; the start since boot not
+        if now["exe"] != record["exe"] or not any(abs(now[key] - record[key]) <= 0.5
+                                                  for key in ("create_time", "since_boot") if key in record):
             return None
         return proc
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError):
         return None
+
+
+def _identity(proc: psutil.Process) -> dict:
+    started = proc.create_time()
+    return {"pid": proc.pid, "create_time": started, "since_boot": started - psutil.boot_time(), "exe": proc.exe()}
 
 
 def _running(state: Path, service: str) -> psutil.Process | None:
@@ -238,14 +245,9 @@ def _legacy_record(pid: int, state: Path) -> dict | None:
         proc = psutil.Process(pid)
         if f"{state}/" not in " ".join(proc.cmdline()):  # ".stack/" is not inside ".stack-dev/"
             return None
-        return {"pid": pid, "create_time": proc.create_time(), "exe": proc.exe()}
+        return _identity(proc)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-
-
-def _read_pid(state: Path, service: str) -> int | None:
-    record = _read_pid_record(state, service)
-    return record["pid"] if record else None
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -421,9 +423,7 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
         umask=0o077,  # databases, volumes and logs the service creates: the owner's only
     )
     log.close()
-    me = psutil.Process(proc.pid)
-    write_private(state / f"{service}.pid",
-                  json.dumps({"pid": proc.pid, "create_time": me.create_time(), "exe": me.exe()}))
+    write_private(state / f"{service}.pid", json.dumps(_identity(psutil.Process(proc.pid))))
     return proc
 
 
@@ -576,18 +576,17 @@ def status(state: Path | None = None) -> list[ServiceStatus]:
     """Health of each service: running under our pid, and answering its health URL."""
     state = (state or state_dir()).resolve()
     ports_file = _paths(state)["ports"]
-    ports = _read_state_json(ports_file) if ports_file.is_file() else dict(DEFAULT_PORTS)
-    ports = {**DEFAULT_PORTS, **ports}
+    ports = {**DEFAULT_PORTS, **(_read_state_json(ports_file) if ports_file.is_file() else {})}
     out = []
     for service in SERVICES:
-        pid = _read_pid(state, service)
-        running = _running(state, service) is not None
+        proc = _running(state, service)
+        running = proc is not None
         url = _service_url(service, ports)
         healthy = running and _healthy(service, state, url)
         detail = ""
         if service == "lakefs" and not running and lakefs_binary.find() is None:
             detail = NO_LAKEFS_BINARY
-        out.append(ServiceStatus(service, pid if running else None, running, healthy, url, detail))
+        out.append(ServiceStatus(service, proc.pid if proc else None, running, healthy, url, detail))
     return out
 
 

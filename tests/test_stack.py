@@ -92,6 +92,22 @@ def test_port_in_use_is_named(state):
     assert not any(r.running for r in stack.status(state))
 
 
+def test_a_service_stays_ours_when_the_clock_is_set():
+    # The wall clock moved by 6 s (NTP, a VM's clock, a laptop's resume) while the stack ran: the recorded
+    # start on the wall clock no longer matches, the start since boot does. Both moved: another process.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record = stack._identity(psutil.Process(sleeper.pid))
+        moved = {**record, "create_time": record["create_time"] + 6}
+        assert stack._our_process(moved).pid == sleeper.pid
+        assert stack._our_process({**moved, "since_boot": record["since_boot"] + 6}) is None
+        assert stack._our_process({**record, "exe": "/bin/sh"}) is None
+        assert stack._our_process({k: v for k, v in record.items() if k != "since_boot"}).pid == sleeper.pid
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_down_stops_only_what_up_started(state):
     # A stranger whose command line even names the state folder (as a `.stack-dev` would contain `.stack`).
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(state)])
