@@ -209,7 +209,7 @@ def _our_process(record: dict) -> psutil.Process | None:
         proc = psutil.Process(record["pid"])
         if proc.status() == psutil.STATUS_ZOMBIE:
             return None
-        now = _identity(proc)  # the start on the wall clock moves when the clock is set; the start since boot not
+        now = _identity(proc)  # the wall-clock start moves when the clock is set, the start since boot does not
         if now["exe"] != record["exe"] or not any(abs(now[key] - record[key]) <= 0.5
                                                   for key in ("create_time", "since_boot") if key in record):
             return None
@@ -219,6 +219,7 @@ def _our_process(record: dict) -> psutil.Process | None:
 
 
 def _identity(proc: psutil.Process) -> dict:
+    """What tells the process from a later one with its pid: exe, start on the wall clock and since boot."""
     started = proc.create_time()
     return {"pid": proc.pid, "create_time": started, "since_boot": started - psutil.boot_time(), "exe": proc.exe()}
 

@@ -92,6 +92,21 @@ def test_port_in_use_is_named(state):
     assert not any(r.running for r in stack.status(state))
 
 
+def test_up_waits_a_moment_for_a_port_released_just_now():
+    # A service stopped just now can hold its port a moment longer (up right after down): not "in use".
+    port = private_ports()["s3"]
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    releaser = threading.Timer(0.5, holder.close)
+    releaser.start()
+    try:
+        stack._check_ports_free("seaweedfs", {"s3": port}, ["s3"])
+    finally:
+        releaser.join()
+    assert stack.port_is_free(port)
+
+
 def test_a_service_stays_ours_when_the_clock_is_set():
     # The wall clock moved by 6 s (NTP, a VM's clock, a laptop's resume) while the stack ran: the recorded
     # start on the wall clock no longer matches, the start since boot does. Both moved: another process.
