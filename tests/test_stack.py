@@ -41,6 +41,9 @@ def test_up_twice_status_and_down(state):
     assert rows["seaweedfs"].healthy and rows["mlflow"].healthy and rows["ray"].healthy
     assert rows["seaweedfs"].detail == rows["ray"].detail == "started"
     pids = {name: rows[name].pid for name in ("seaweedfs", "mlflow", "ray")}
+    # MLflow and Ray start side by side, not Ray after MLflow answered (MLflow alone takes 8 s or more)
+    started = {name: psutil.Process(pid).create_time() for name, pid in pids.items()}
+    assert abs(started["ray"] - started["mlflow"]) < 3
     ray_processes = psutil.Process(pids["ray"]).children(recursive=True)  # GCS, raylet, agents, workers
     assert len(ray_processes) >= 3
 
