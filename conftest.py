@@ -138,3 +138,14 @@ def uploaded_bucket(client, prefix: str, smoke_test_size: int):
     finally:
         storage.delete_bucket(client, name)
         cluster.shutdown_ray()
+
+
+def assert_ctrl_c_interrupts() -> None:
+    """Ctrl-C (a kernel's interrupt button) raises KeyboardInterrupt in this process, whatever ran before."""
+    import _thread
+    import time
+
+    with pytest.raises(KeyboardInterrupt):
+        _thread.interrupt_main()  # calls this process's SIGINT handler, as a real Ctrl-C does
+        for _ in range(30):
+            time.sleep(0.1)

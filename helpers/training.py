@@ -2,10 +2,13 @@
 
 Lesson 04 · Distributed training with Ray Train, tracked in MLflow.
 """
+import contextlib
 import json
 import math
 import os
+import signal
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -425,6 +428,23 @@ def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: i
             if attempt == 2 or "unique constraint" not in str(err).lower():
                 raise
             time.sleep(0.2 * (attempt + 1))
+
+
+@contextlib.contextmanager
+def interrupt_handler_restored():
+    """Put back the process's Ctrl-C (SIGINT) handler when the block ends.
+
+    Ray Train's ``TorchTrainer.fit()`` and Ray Tune's ``Tuner.fit()`` install their own handler, to stop a run
+    gracefully, and leave it installed after they return: a later interrupt would then not raise
+    ``KeyboardInterrupt``. Only the main thread can set handlers; elsewhere this does nothing.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: a handler not set from Python, which cannot be put back
+            signal.signal(signal.SIGINT, previous)
 
 
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import uploaded_bucket
+from conftest import assert_ctrl_c_interrupts, uploaded_bucket
 from helpers import cluster, listing, sweeps, tracking, training
 
 SMOKE = 300
@@ -29,7 +29,7 @@ def run_sweep(settings, bucket, arrays, num_samples, max_concurrent_trials, sear
     tuner = sweeps.make_tuner(trainable, space, sweeps.make_searcher(searcher, list(points), 0),
                               sweeps.make_scheduler(scheduler, epochs), num_samples, max_concurrent_trials, name,
                               f"{bucket}/tune-results", settings)
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), training.interrupt_handler_restored():
         results = tuner.fit()
     client.set_terminated(parent)
     assert not results.errors, results.errors
@@ -69,6 +69,11 @@ def test_validation_split_is_held_out(arrays):
 def test_tiny_sweep_completes_with_every_trial(sweep):
     assert len(sweep.table) == 4
     assert sweep.table["mean_accuracy"].notna().all()
+
+
+def test_ctrl_c_interrupts_again_after_a_sweep(sweep):
+    # Tuner.fit() leaves Ray Tune's own handler installed, which only sets a flag of the ended sweep
+    assert_ctrl_c_interrupts()
 
 
 def test_points_to_evaluate_come_first(sweep):
@@ -158,7 +163,7 @@ def test_a_crashed_trial_s_child_run_ends_failed_not_finished(settings, tune_buc
     space = {**{k: tune.choice([v]) for k, v in crash.items()}, "epochs": 1, "seed": 0,
              "experiment": "tests-tune-crash", "tracking_uri": settings.mlflow_tracking_uri, "parent_run_id": parent}
     tuner = sweeps.make_tuner(trainable, space, None, None, 1, 1, name, f"{tune_bucket}/tune-results", settings)
-    with contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stdout(io.StringIO()), training.interrupt_handler_restored():
         results = tuner.fit()
     assert len(results.errors) == 1
     (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, parent)

@@ -8,7 +8,7 @@ import pytest
 import ray.train
 from mlflow.tracking import MlflowClient
 
-from conftest import uploaded_bucket
+from conftest import assert_ctrl_c_interrupts, uploaded_bucket
 from helpers import cluster, listing, preprocess, storage, tracking, training, upload
 
 SMOKE = 300
@@ -40,7 +40,8 @@ def train_and_test(settings, bucket, params, num_workers=2, experiment="tests-tr
     config = {**params, "tracking_uri": settings.mlflow_tracking_uri, "run_id": run_id, **extra}
     trainer = training.make_trainer(config, {"train": train_ds}, num_workers, run_name, f"{bucket}/ray-results",
                                     cluster_cpus=resources["CPU"], settings=settings)
-    result = trainer.fit()
+    with training.interrupt_handler_restored():
+        result = trainer.fit()
     net, state = training.load_checkpoint(result.checkpoint)
     images, labels = preprocess.dataset_to_numpy(test_ds)
     accuracy = training.accuracy(training.predict(net, images), labels)
@@ -71,6 +72,11 @@ def test_loss_goes_down_over_epochs(trained):
     assert [row["epoch"] for row in trained.history] == [1, 2, 3, 4, 5]  # epochs count from 1
     assert trained.history[0]["train_loss"] > trained.history[-1]["train_loss"]
     assert all(row["samples"] == SMOKE for row in trained.history)  # both workers' shards, all-reduced
+
+
+def test_ctrl_c_interrupts_again_after_a_fit(trained):
+    # fit() leaves Ray Train's own handler installed, which would abort the ended run instead
+    assert_ctrl_c_interrupts()
 
 
 def test_reported_accuracy_equals_accuracy_recomputed_from_the_stored_checkpoint(trained, settings):
