@@ -23,8 +23,9 @@ run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing 
 	$(PY) -m helpers.stack up --download-lakefs
 	$(PY) -m helpers.runner
 
-test: $(STAMP)  ## unit + notebook tests against real local services (starts its own private stack)
-	$(PY) -m pytest
+TEST_PROCESSES ?= 2
+test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 lab: $(STAMP)  ## the stack, a local Ray with its dashboard, and JupyterLab on the notebooks; prints every URL
 	$(PY) -m helpers.stack up --download-lakefs

@@ -73,6 +73,24 @@ def session_lakefs() -> str:
     return "double"
 
 
+# `make test` runs two test processes (pytest-xdist, `--dist loadfile`): most of the suite waits on
+# processes starting (Ray Train's workers, notebook kernels, MLflow), so two of them share two cores well.
+# Each process starts its own private stack. A module is one unit of work, so its module-scoped fixtures
+# (a training run, an uploaded bucket) are made once; the modules that take longest go first, so the
+# many short ones fill in at the end.
+LONGEST_MODULES = ("test_notebooks", "test_train", "test_data", "test_stack", "test_sweeps", "test_versioning")
+
+
+def _module_rank(item: pytest.Item) -> int:
+    name = item.path.stem
+    return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest test modules first (a stable sort: the tests of a module keep their order)."""
+    items.sort(key=_module_rank)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop the private test stack and delete its state."""
     server = _SESSION.get("lakefs_server")

@@ -477,20 +477,6 @@ def _ensure_bucket(settings: Settings, bucket: str) -> None:
 
 # --- the three commands --------------------------------------------------------
 
-def _ensure_service(state: Path, name: str, ports: dict[str, int], port_names: list[str], command,
-                    started: list[str], env: dict[str, str] | None = None,
-                    prepare=None) -> subprocess.Popen | psutil.Process:
-    """Start service ``name`` unless it runs already (``command()`` builds its command line); its process."""
-    proc = _running(state, name)
-    if proc is None:
-        _check_ports_free(name, ports, port_names)
-        if prepare is not None:
-            prepare()
-        proc = _start(name, command(), state, env)
-        started.append(name)
-    return proc
-
-
 def _service_url(service: str, ports: dict[str, int]) -> str:
     port = ports["s3" if service == "seaweedfs" else service]
     return f"127.0.0.1:{port}" if service == "ray" else f"http://127.0.0.1:{port}"
@@ -548,7 +534,14 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     starting: dict[str, subprocess.Popen | psutil.Process] = {}
 
     def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
-        starting[name] = _ensure_service(state, name, ports, port_names, command, started, env, prepare)
+        """Start service ``name`` unless it runs already (``command()`` builds its command line)."""
+        starting[name] = _running(state, name)
+        if starting[name] is None:
+            _check_ports_free(name, ports, port_names)
+            if prepare is not None:
+                prepare()
+            starting[name] = _start(name, command(), state, env)
+            started.append(name)
 
     ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports))
     # The other services keep their buckets in it: it answers first. Then they all start side by side
@@ -560,13 +553,9 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), env,
                prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
     if lakefs is not None and lakefs_keys is not None:
-        def prepare_lakefs() -> None:
-            _ensure_bucket(settings, LAKEFS_BUCKET)
-            _private_folder(paths["lakefs_db"])
-
         ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",
                                              str(_lakefs_config(state, ports, access, secret, lakefs_keys))],
-               prepare=prepare_lakefs)
+               prepare=lambda: (_ensure_bucket(settings, LAKEFS_BUCKET), _private_folder(paths["lakefs_db"])))
     if with_ray:
         project_root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)
