@@ -549,7 +549,9 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     _wait_healthy("seaweedfs", _service_url("seaweedfs", ports), starting.pop("seaweedfs"), state, timeout)
     if with_mlflow:
         env = {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": access,
-               "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": settings.s3_region}
+               "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": settings.s3_region,
+               # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), env,
                prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
     if lakefs is not None and lakefs_keys is not None:
