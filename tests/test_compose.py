@@ -148,6 +148,8 @@ def test_mlflow_proxies_artifacts_and_allows_its_service_name(compose):
     assert "--artifacts-destination s3://mlflow" in command
     assert "--no-serve-artifacts" not in command
     assert "--allowed-hosts" in command and "mlflow:5000" in command
+    # as the embedded stack's: no job runner (GenAI scorer jobs, unused here)
+    assert compose["services"]["mlflow"]["environment"]["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
 
 
 def test_jupyter_environment_is_what_helpers_config_reads(compose):

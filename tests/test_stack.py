@@ -44,8 +44,8 @@ def test_up_twice_status_and_down(state):
     # MLflow and Ray start side by side, not Ray after MLflow answered (MLflow alone takes 8 s or more)
     started = {name: psutil.Process(pid).create_time() for name, pid in pids.items()}
     assert abs(started["ray"] - started["mlflow"]) < 3
-    mlflow_group = stack._process_group(psutil.Process(pids["mlflow"]))
-    assert not any("huey" in " ".join(p.cmdline()) or "_job_runner" in " ".join(p.cmdline()) for p in mlflow_group)
+    mlflow_commands = [" ".join(p.cmdline()) for p in stack._process_group(psutil.Process(pids["mlflow"]))]
+    assert not [c for c in mlflow_commands if "huey" in c or "_job_runner" in c], "MLflow's job runner is off"
     ray_processes = psutil.Process(pids["ray"]).children(recursive=True)  # GCS, raylet, agents, workers
     assert len(ray_processes) >= 3
 
