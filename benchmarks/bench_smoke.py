@@ -8,7 +8,9 @@ every cell's duration (MLflow and object-store cells show up there). The same
 run times a yardstick, one epoch of a plain PyTorch loop, and reports every
 figure also in yardsticks, so runs on machines of different speed compare.
 It also times a Ray Train fit whose loop only reports once: the part of
-notebook 04's training that is Ray Train starting and stopping.
+notebook 04's training that is Ray Train starting and stopping, with the
+actors that fit started and when each was up (from Ray's actor table); and
+one new Ray worker process importing PyTorch, the unit that start is made of.
 
     python benchmarks/bench_smoke.py                  # 01-05 (06 too where lakeFS runs), 3 repeats
     python benchmarks/bench_smoke.py --lakefs-double  # 06 against the tests' lakeFS API double where none runs
@@ -74,28 +76,82 @@ def _report_once(config: dict) -> None:
     ray.train.report({"reported": 1})
 
 
-def empty_fit(repeats: int = 3) -> float:
-    """Median seconds of a Ray Train fit on the stack's Ray whose loop only reports once.
+def actors_started(actors: list[dict], job_id: str, since: float) -> dict:
+    """The actors of job ``job_id`` that came up after ``since`` (epoch seconds), from the GCS actor table.
+
+    Returns how many there were (each one a new worker process) and, by class, how many seconds after
+    ``since`` the first of that class was up: for a Ray Train fit, the chain of process starts it waits for.
+    """
+    mine = [a for a in actors if a["JobID"] == job_id and a["StartTime"] / 1000 >= since]
+    up: dict[str, float] = {}
+    for actor in sorted(mine, key=lambda a: a["StartTime"]):
+        up.setdefault(actor["ActorClassName"], round(actor["StartTime"] / 1000 - since, 2))
+    return {"actors": len(mine), "up_after_seconds": up}
+
+
+def empty_fit(repeats: int = 3) -> dict:
+    """A Ray Train fit on the stack's Ray whose loop only reports once: median seconds, and what it started.
 
     Two workers with notebook 04's resources: what starting and stopping Ray Train (controller,
     worker actors, torch.distributed) costs a notebook before any data, epoch or checkpoint.
+    ``actors`` and ``up_after_seconds`` (medians over the repeats) say which actors each fit
+    started and when each was up, counted from ``fit()``.
     """
     import ray.train
+    from ray._private import state  # the GCS actor table: Ray's state API needs the dashboard, which is off here
     from ray.train.torch import TorchTrainer
 
     from helpers import cluster, training
 
     resources = cluster.init_ray()
-    seconds = []
+    job_id = ray.get_runtime_context().get_job_id()
+    seconds, started = [], []
     try:
         with tempfile.TemporaryDirectory() as folder:
             for number in range(repeats):
                 trainer = TorchTrainer(_report_once, scaling_config=ray.train.ScalingConfig(
                     num_workers=2, resources_per_worker=training.worker_resources(2, False, resources["CPU"])),
                     run_config=ray.train.RunConfig(name=f"empty-{number}", storage_path=folder))
-                started = time.perf_counter()
+                began, clock = time.time(), time.perf_counter()
                 trainer.fit()
-                seconds.append(time.perf_counter() - started)
+                seconds.append(time.perf_counter() - clock)
+                started.append(actors_started(list(state.actors().values()), job_id, began))
+    finally:
+        cluster.shutdown_ray()
+    classes = {name for run in started for name in run["up_after_seconds"]}
+    return {"seconds": statistics.median(seconds),
+            "actors": int(statistics.median(run["actors"] for run in started)),
+            "up_after_seconds": dict(sorted(
+                ((name, round(statistics.median(run["up_after_seconds"][name] for run in started
+                                                if name in run["up_after_seconds"]), 2)) for name in classes),
+                key=lambda kv: kv[1]))}
+
+
+def _imports_torch() -> bool:
+    import ray.train.torch  # noqa: F401 - what a Ray Train worker process imports
+    import torch  # noqa: F401
+
+    return True
+
+
+def new_worker_process(repeats: int = 3) -> float:
+    """Median seconds for Ray to start a new worker process that imports PyTorch and Ray Train.
+
+    The unit Ray Train's start is made of: an actor with a ``runtime_env`` of its own, as Ray
+    Train gives its controller, gets a new process rather than one of the idle workers.
+    """
+    import ray
+
+    from helpers import cluster
+
+    cluster.init_ray()
+    probe = ray.remote(num_cpus=0)(_imports_torch)
+    seconds = []
+    try:
+        for number in range(repeats):
+            clock = time.perf_counter()
+            ray.get(probe.options(runtime_env={"env_vars": {"SMOKE_PROBE": f"{uuid.uuid4().hex}-{number}"}}).remote())
+            seconds.append(time.perf_counter() - clock)
     finally:
         cluster.shutdown_ray()
     return statistics.median(seconds)
@@ -235,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     sticks = [yardstick()]
     print(f"yardstick: {sticks[0]:.3f} s", flush=True)
     floor = empty_fit()
-    print(f"Ray Train fit with an empty loop: {floor:.1f} s", flush=True)
+    process = new_worker_process()
+    print(f"Ray Train fit with an empty loop: {floor['seconds']:.1f} s; a new worker process importing "
+          f"PyTorch: {process:.1f} s", flush=True)
     repeats = []
     try:
         for number in range(args.repeats):
@@ -269,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
         "yardstick_seconds": round(stick, 3), "yardsticks_measured": [round(x, 3) for x in sticks],
         "repeats": args.repeats, "lakefs": lakefs,
-        "ray_train_empty_fit": {"seconds": round(floor, 1), "yardsticks": round(floor / stick, 1)},
+        "ray_train_empty_fit": {"seconds": round(floor["seconds"], 1), "yardsticks": round(floor["seconds"] / stick, 1),
+                                "actors": floor["actors"], "up_after_seconds": floor["up_after_seconds"]},
+        "new_worker_process_with_torch": {"seconds": round(process, 2), "yardsticks": round(process / stick, 1)},
         "notebooks": summary, "targets": targets, "raw": repeats}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -282,7 +342,11 @@ def main(argv: list[str] | None = None) -> int:
                 ["notebook", "status", "seconds", "yardsticks", "largest parts (s)"])
     print_table("Targets (yardsticks)", [{"check": k, **v} for k, v in targets.items()],
                 ["check", "measured", "target", "met"])
-    print(f"\nRay Train fit with an empty loop (2 workers): {floor:.1f} s = {floor / stick:.1f} yardsticks")
+    print(f"\nRay Train fit with an empty loop (2 workers): {floor['seconds']:.1f} s = "
+          f"{floor['seconds'] / stick:.1f} yardsticks; {floor['actors']} actors, each a new process, up after (s): "
+          + ", ".join(f"{name} {up:.1f}" for name, up in floor["up_after_seconds"].items()))
+    print(f"A new Ray worker process importing PyTorch and Ray Train: {process:.2f} s = "
+          f"{process / stick:.1f} yardsticks")
     print(f"\nwritten: {path}")
     return 0 if all(r["status"] == ["ok"] or r["status"] == ["skipped"] for r in summary) else 1
 

@@ -54,3 +54,17 @@ def test_targets_are_judged_in_yardsticks_of_the_same_run():
 @pytest.mark.slow
 def test_the_yardstick_is_one_plain_pytorch_epoch():
     assert 0.01 < bench_smoke.yardstick(repeats=1) < 60
+
+
+def test_a_fit_s_actors_are_counted_and_timed_from_the_fit():
+    def actor(name, start, job="05000000"):
+        return {"ActorClassName": name, "StartTime": start * 1000, "JobID": job}
+
+    table = [actor("TrainController", 95.0),  # an earlier fit's
+             actor("TrainController", 102.5), actor("RayTrainWorker", 105.75), actor("RayTrainWorker", 105.5),
+             actor("DatasetManager", 107.0), actor("Other", 103.0, job="06000000")]
+    started = bench_smoke.actors_started(table, "05000000", since=100.0)
+    assert started == {"actors": 4, "up_after_seconds": {"TrainController": 2.5, "RayTrainWorker": 5.5,
+                                                         "DatasetManager": 7.0}}
+    assert list(started["up_after_seconds"]) == ["TrainController", "RayTrainWorker", "DatasetManager"]
+    assert bench_smoke.actors_started(table, "07000000", since=0.0) == {"actors": 0, "up_after_seconds": {}}
