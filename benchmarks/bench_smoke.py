@@ -137,8 +137,9 @@ def _imports_torch() -> bool:
 def new_worker_process(repeats: int = 3) -> float:
     """Median seconds for Ray to start a new worker process that imports PyTorch and Ray Train.
 
-    The unit Ray Train's start is made of: an actor with a ``runtime_env`` of its own, as Ray
-    Train gives its controller, gets a new process rather than one of the idle workers.
+    The unit Ray Train's start is made of. The probe is a task with a ``runtime_env`` of its own
+    (a new one each time), so Ray starts a process for it, as it does for every actor of a fit:
+    Ray Train gives its controller a ``runtime_env``, and Ray's prestarted idle workers have none.
     """
     import ray
 
