@@ -89,6 +89,18 @@ def actors_started(actors: list[dict], job_id: str, since: float) -> dict:
     return {"actors": len(mine), "up_after_seconds": up}
 
 
+def actors_of_this_job_since(since: float) -> dict:
+    """:func:`actors_started` for this driver's Ray job, read from the GCS actor table.
+
+    Ray's state API would need the dashboard, which the stack's Ray runs without; its private
+    ``state.actors()`` reads the same table from the GCS.
+    """
+    import ray
+    from ray._private import state
+
+    return actors_started(list(state.actors().values()), ray.get_runtime_context().get_job_id(), since)
+
+
 def empty_fit(repeats: int = 3) -> dict:
     """A Ray Train fit on the stack's Ray whose loop only reports once: median seconds, and what it started.
 
@@ -98,13 +110,11 @@ def empty_fit(repeats: int = 3) -> dict:
     started and when each was up, counted from ``fit()``.
     """
     import ray.train
-    from ray._private import state  # the GCS actor table: Ray's state API needs the dashboard, which is off here
     from ray.train.torch import TorchTrainer
 
     from helpers import cluster, training
 
     resources = cluster.init_ray()
-    job_id = ray.get_runtime_context().get_job_id()
     seconds, started = [], []
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -115,7 +125,7 @@ def empty_fit(repeats: int = 3) -> dict:
                 began, clock = time.time(), time.perf_counter()
                 trainer.fit()
                 seconds.append(time.perf_counter() - clock)
-                started.append(actors_started(list(state.actors().values()), job_id, began))
+                started.append(actors_of_this_job_since(began))
     finally:
         cluster.shutdown_ray()
     classes = {name for run in started for name in run["up_after_seconds"]}

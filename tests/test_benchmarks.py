@@ -1,11 +1,12 @@
 """The smoke benchmark's arithmetic (spans to a breakdown, targets in yardsticks) and the span recorder."""
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from helpers import timings
+from helpers import cluster, timings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_smoke  # noqa: E402
@@ -68,3 +69,26 @@ def test_a_fit_s_actors_are_counted_and_timed_from_the_fit():
                                                          "DatasetManager": 7.0}}
     assert list(started["up_after_seconds"]) == ["TrainController", "RayTrainWorker", "DatasetManager"]
     assert bench_smoke.actors_started(table, "07000000", since=0.0) == {"actors": 0, "up_after_seconds": {}}
+
+
+def test_the_actors_a_job_started_are_read_from_ray_s_actor_table(settings):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def ping(self) -> bool:
+            return True
+
+    cluster.init_ray(settings)
+    try:
+        before = bench_smoke.actors_of_this_job_since(time.time())
+        since = time.time()
+        probes = [Probe.remote() for _ in range(2)]
+        assert ray.get([probe.ping.remote() for probe in probes]) == [True, True]
+        started = bench_smoke.actors_of_this_job_since(since)
+    finally:
+        cluster.shutdown_ray()
+    assert before["actors"] == 0
+    (name, up), = started["up_after_seconds"].items()  # one class, named as Ray names it (qualified here)
+    assert started["actors"] == 2 and name.endswith("Probe")
+    assert 0 <= up < 60  # seconds after `since`: the table's milliseconds read right
