@@ -27,9 +27,10 @@ TEST_PROCESSES ?= 2
 test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack)
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
-lab: $(STAMP)  ## the stack, a local Ray with its dashboard, and JupyterLab on the notebooks; prints every URL
-	$(PY) -m helpers.stack up --download-lakefs
-	$(PY) -m helpers.lab
+LAB_ARGS ?=
+lab: $(STAMP)  ## JupyterLab on the notebooks, the stack, its Ray with the dashboard; prints every URL (LAB_ARGS="--jupyter-port 8890")
+	$(PY) -m helpers.stack up --download-lakefs --no-ray
+	$(PY) -m helpers.lab $(LAB_ARGS)
 
 reset: $(STAMP)  ## stop the embedded stack and delete its data (buckets, MLflow runs, lakeFS repositories) and runs/
 	$(PY) -m helpers.stack down

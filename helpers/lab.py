@@ -1,106 +1,315 @@
-"""``make lab``: the embedded stack, a local Ray cluster with its dashboard, and JupyterLab, with every URL printed.
+"""``make lab``: JupyterLab on the notebooks, beside the embedded stack, with Ray's dashboard.
 
-The kernels join this Ray (``RAY_ADDRESS``), so its dashboard shows their tasks, actors and training
-workers live; the stack's Ray (no dashboard) is stopped meanwhile. Ctrl-C stops JupyterLab and this
-Ray and starts the stack's again; the stack keeps running (``make stack-down`` stops it).
+The kernels JupyterLab starts join the stack's Ray as every notebook does (its record in the state
+folder, with Ray's token); ``make lab`` restarts that Ray with its dashboard, so the notebooks' tasks,
+actors and training workers appear there live. The URLs are printed once JupyterLab answers. Ctrl-C,
+SIGTERM or SIGHUP (the terminal closed) stop JupyterLab and start the stack's Ray again without its
+dashboard; the stack keeps running (``make stack-down`` stops it).
+
+Ray keeps its own default, token authentication: the dashboard asks every browser for Ray's token. The
+dashboard link printed here opens a small sign-in page of the lab's, which hands the browser Ray's own
+cookie for 127.0.0.1 and forwards it to the dashboard, so no one pastes a token.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import hmac
 import os
+import re
 import secrets
-import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
-import psutil
+from helpers import ray_service, stack
+from helpers.cluster import check_cluster
+from helpers.config import ConfigError, load_settings, project_root, state_dir
 
-from helpers import stack
-from helpers.config import project_root, state_dir
+# The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
+RAY_TOKEN_COOKIE = "ray-authentication-token"
+LAB_RECORD, JUPYTER_RECORD = "lab", "jupyterlab"  # process records in the state folder
 
 
-def start_ray(cpus: int, port: int, dashboard_port: int) -> subprocess.Popen:
-    """A Ray head on 127.0.0.1 with its dashboard, in its own process group; returns once the dashboard answers."""
-    ray = shutil.which("ray", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-    command = [ray or "ray", "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-               "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}", f"--num-cpus={cpus}",
-               "--disable-usage-stats"]
-    log_path = state_dir() / "logs" / "ray-head.log"  # a file, never a pipe nobody reads during a long lab
+class LabError(RuntimeError):
+    """``make lab`` could not start; the message says why and what to do."""
+
+
+class LabStopped(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP (the terminal closed) reached ``make lab``: it stops what it started."""
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _stop_on_signal(signum: int, frame) -> None:  # noqa: ARG001 (signal handler signature)
+    for sig in STOP_SIGNALS:  # one stop at a time: a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise LabStopped("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+
+
+def exit_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when its parent dies (Linux).
+
+    ``make lab`` runs this module as make's child: a ``kill`` of make, or a container stop that
+    signals only the first process, would otherwise leave JupyterLab and the lab's Ray running.
+    """
+    if not sys.platform.startswith("linux") or os.getppid() == 1:  # started detached (nohup, setsid): no parent
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+# --- JupyterLab ----------------------------------------------------------------
+
+def jupyter_command(port: int, token: str, notebook_dir: Path, as_root: bool) -> list[str]:
+    """The JupyterLab server's command line: 127.0.0.1 only, this token, no browser, these notebooks."""
+    command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
+               f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0",
+               f"--ServerApp.root_dir={notebook_dir}",
+               # No calls home (workshops may be offline): no news feed, no check for a newer JupyterLab.
+               "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    return command + (["--allow-root"] if as_root else [])  # JupyterLab refuses to start as root without it
+
+
+def kernel_environment() -> dict[str, str]:
+    """JupyterLab's environment, which its kernels inherit: someone is watching, so progress bars are widgets."""
+    from helpers.notebook import HEADLESS_ENV
+
+    return {name: value for name, value in os.environ.items() if name != HEADLESS_ENV}
+
+
+def start_jupyter(command: list[str], log_path: Path, state: Path) -> subprocess.Popen:
+    """Start JupyterLab in a session of its own, logging to a file (Ctrl-C reaches the lab, which stops it)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    url, deadline = f"http://127.0.0.1:{dashboard_port}/api/gcs_healthz", time.monotonic() + 120
+                                env=kernel_environment(), start_new_session=True)
+    stack.remember_process(state, JUPYTER_RECORD, proc.pid)
+    return proc
+
+
+_LOG_PREFIX = re.compile(r"^\[[A-Z] [0-9-]+ [0-9:.]+ \w+\]\s*")
+
+
+def last_log_line(log_path: Path) -> str:
+    """The last line JupyterLab logged, without its ``[C date time ServerApp]`` prefix."""
+    with contextlib.suppress(OSError):
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+        if lines:
+            return _LOG_PREFIX.sub("", lines[-1])
+    return "(it logged nothing)"
+
+
+def wait_until_answers(proc: subprocess.Popen, port: int, log_path: Path, timeout: float = 120.0) -> None:
+    """Return once JupyterLab answers on ``port``.
+
+    Raises:
+        LabError: it exited first (the message is its last log line), or did not answer in time.
+    """
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-800:]
-            raise stack.StackError(f"Ray did not start (log: {log_path}):\n{tail}")
+            raise LabError(f"JupyterLab exited at start: {last_log_line(log_path)} (log: {log_path})")
         try:
-            with urllib.request.urlopen(url, timeout=2):
-                return proc
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=2):
+                return
         except OSError:
-            time.sleep(0.5)
-    stop_ray(proc)
-    raise stack.StackError(f"Ray's dashboard did not answer {url} within 120 s.")
+            time.sleep(0.3)
+    raise LabError(f"JupyterLab did not answer on port {port} within {timeout:.0f} s (log: {log_path}).")
 
 
-def stop_ray(proc: subprocess.Popen) -> None:
-    """Stop the Ray head this lab started (its process group; ``ray start`` first, which stops its own)."""
+def stop_process(proc, timeout: float = 20.0) -> None:
+    """Stop a process and its process group: SIGTERM (JupyterLab then shuts its kernels down), then SIGKILL."""
+    import psutil
+
     with contextlib.suppress(psutil.NoSuchProcess):
-        stack.stop_group(psutil.Process(proc.pid), timeout=30, leader_first=True)
-    proc.wait(timeout=10)
+        stack.stop_group(proc if isinstance(proc, psutil.Process) else psutil.Process(proc.pid), timeout,
+                         leader_first=True)
+    if isinstance(proc, subprocess.Popen):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
-def urls(settings, jupyter_port: int, token: str, dashboard_port: int) -> dict[str, str]:
+def claim_state(state: Path) -> None:
+    """Record this lab, after stopping what an earlier lab that was killed left behind.
+
+    Raises:
+        LabError: another ``make lab`` is running on this state folder.
+    """
+    other = stack.remembered_process(state, LAB_RECORD)
+    if other is not None and other.pid != os.getpid():
+        raise LabError(f"make lab is already running (pid {other.pid}): use the URLs it printed, or stop it "
+                       f"first (Ctrl-C in its terminal, or `kill {other.pid}`).")
+    leftover = stack.remembered_process(state, JUPYTER_RECORD)
+    if leftover is not None:
+        stop_process(leftover)
+        print(f"Stopped the JupyterLab an earlier make lab left running (pid {leftover.pid}).")
+    stack.remember_process(state, LAB_RECORD, os.getpid())
+
+
+# --- Ray and its dashboard ---------------------------------------------------------
+
+def ray_with_dashboard(state: Path, dashboard_port: int, cpus: int | None):
+    """The stack (started where it is not running) with its Ray's dashboard on ``dashboard_port``.
+
+    A stack's Ray without that dashboard is restarted with it. Returns the settings and the dashboard's URL.
+    """
+    url = f"http://127.0.0.1:{dashboard_port}"
+    service = ray_service.read_service(state)
+    if service is not None and service.get("dashboard") != url and stack.down(state, only=("ray",)):
+        print("The stack's Ray restarts with its dashboard while the lab runs.")
+    settings = stack.ensure_stack(ray_dashboard_port=dashboard_port, ray_cpus=cpus)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # its dashboard comes up a moment after Ray
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/api/gcs_healthz", timeout=2):
+            return settings, url
+        time.sleep(0.3)
+    raise LabError(f"Ray's dashboard did not answer {url} within 60 s (log: {state / 'logs' / 'ray.log'}).")
+
+
+def restore_stack_ray(state: Path) -> None:
+    """Start the stack's Ray again as ``stack up`` does, without a dashboard."""
+    stack.down(state, only=("ray",))
+    stack.up(state)
+    print("The stack's Ray is running again, without its dashboard.")
+
+
+def ray_token() -> str:
+    """Ray's authentication token as Ray itself finds it (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray``)."""
+    ray_cli = Path(sys.executable).with_name("ray")
+    result = subprocess.run([str(ray_cli) if ray_cli.exists() else "ray", "get-auth-token"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    token = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
+    if result.returncode != 0 or not token:
+        raise LabError(f"Could not read Ray's token (`ray get-auth-token`): {result.stderr.strip()[-300:]}")
+    return token
+
+
+def start_dashboard_sign_in(port: int, key: str, token: str, dashboard_url: str) -> ThreadingHTTPServer:
+    """Serve the dashboard's sign-in link on 127.0.0.1:``port`` (``port`` 0: any free one).
+
+    ``GET /?key=<key>`` sets Ray's own token cookie, as the dashboard's token prompt would, and forwards the
+    browser to the dashboard. Cookies belong to a host, not a port, so the dashboard on 127.0.0.1 receives it.
+    Without the key the page says where the link is, and sets nothing.
+    """
+
+    class SignIn(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            given = parse_qs(urlsplit(self.path).query).get("key", [""])[0]
+            if not hmac.compare_digest(given.encode(), key.encode()):
+                self.send_error(403, "Open the Ray dashboard link that make lab printed: it carries the key.")
+                return
+            self.send_response(303)
+            self.send_header("Set-Cookie", f"{RAY_TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict")
+            self.send_header("Location", f"{dashboard_url}/#/actors")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet: the terminal shows the URLs
+            pass
+
+    try:
+        server = ThreadingHTTPServer(("127.0.0.1", port), SignIn)
+    except OSError:  # the port is taken: any free one, the printed link says which
+        server = ThreadingHTTPServer(("127.0.0.1", 0), SignIn)
+    threading.Thread(target=server.serve_forever, name="dashboard-sign-in", daemon=True).start()
+    return server
+
+
+def urls(settings, jupyter_port: int, token: str, dashboard: str | None, sign_in: str | None) -> dict[str, str]:
     """What to open, by name."""
-    out = {"JupyterLab": f"http://127.0.0.1:{jupyter_port}/lab?token={token}",
-           "Ray dashboard": f"http://127.0.0.1:{dashboard_port}",
-           "MLflow": settings.mlflow_tracking_uri}
+    out = {"JupyterLab": f"http://127.0.0.1:{jupyter_port}/lab?token={token}"}
+    if dashboard:
+        out["Ray dashboard"] = f"{sign_in} (signs this browser in to {dashboard})" if sign_in else dashboard
+    out["MLflow"] = settings.mlflow_tracking_uri
     if settings.lakefs_endpoint:
         out["lakeFS"] = f"{settings.lakefs_endpoint} (keys: python -m helpers.stack env)"
     return out
 
 
+def print_urls(found: dict[str, str]) -> None:
+    """The URLs, one per line, and how to stop."""
+    print("\nOpen:")
+    for name, url in found.items():
+        print(f"  {name:<14} {url}")
+    print("Ctrl-C stops JupyterLab and the dashboard; the stack keeps running (make stack-down stops it).\n",
+          flush=True)
+
+
+# --- the command ---------------------------------------------------------------------
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.lab [--no-jupyter]``."""
+    """``python -m helpers.lab [--no-jupyter]``: exits 0 when stopped, 1 when something could not start."""
     parser = argparse.ArgumentParser(prog="python -m helpers.lab", description=__doc__.split("\n")[0])
-    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="CPUs Ray may use (default: all)")
-    parser.add_argument("--ray-port", type=int, default=6379)
+    parser.add_argument("--cpus", type=int, help="CPUs the lab's Ray may use (default: all)")
     parser.add_argument("--dashboard-port", type=int, default=8265)
+    parser.add_argument("--sign-in-port", type=int, default=8266, help="the dashboard's sign-in link")
     parser.add_argument("--jupyter-port", type=int, default=8888)
-    parser.add_argument("--no-jupyter", action="store_true", help="start Ray, print the URLs, stop (a check)")
+    parser.add_argument("--notebook-dir", type=Path, default=None, help="default: the project's notebooks/")
+    parser.add_argument("--no-jupyter", action="store_true", help="start Ray's dashboard, print the URLs, stop")
     args = parser.parse_args(argv)
-    settings = stack.ensure_stack()
-    # One Ray on this machine at a time: the stack's (no dashboard) stops while this one runs.
-    stacks_ray = stack.down(only=("ray",))
-    if stacks_ray:
-        print("The stack's Ray is stopped while the lab's Ray (with its dashboard) runs.")
-    ray_head = start_ray(args.cpus, args.ray_port, args.dashboard_port)
-    token = secrets.token_hex(16)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_on_signal)
+    state, jupyter, sign_in_server, restore = state_dir(), None, None, False
     try:
-        print("\nOpen:")
-        for name, url in urls(settings, args.jupyter_port, token, args.dashboard_port).items():
-            print(f"  {name:<14} {url}")
-        print("Ctrl-C stops JupyterLab and Ray; the stack keeps running (make stack-down stops it).\n", flush=True)
-        if not args.no_jupyter:
-            env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{args.ray_port}"}  # the kernels join this Ray
-            jupyter = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={args.jupyter_port}",
-                       "--no-browser", f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0",
-                       f"--notebook-dir={project_root() / 'notebooks'}"]
-            subprocess.run(jupyter, env=env, check=False)
-    except KeyboardInterrupt:
-        pass
+        exit_with_parent()
+        claim_state(state)
+        token = secrets.token_hex(16)
+        if not args.no_jupyter:  # first: a JupyterLab that cannot start costs no Ray restart
+            as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+            if as_root:
+                print("Running as root: JupyterLab starts with --allow-root (it refuses root otherwise).")
+            log_path = state / "logs" / "jupyterlab.log"
+            notebook_dir = (args.notebook_dir or project_root() / "notebooks").resolve()
+            jupyter = start_jupyter(jupyter_command(args.jupyter_port, token, notebook_dir, as_root), log_path, state)
+            wait_until_answers(jupyter, args.jupyter_port, log_path)
+        dashboard = sign_in = None
+        if load_settings().ray_address:
+            settings = stack.ensure_stack()
+            check_cluster(settings.ray_address)
+            print(f"RAY_ADDRESS is set: the notebooks use the Ray at {settings.ray_address}; open its own "
+                  "dashboard (unset RAY_ADDRESS to use the stack's).")
+        else:
+            restore = True
+            settings, dashboard = ray_with_dashboard(state, args.dashboard_port, args.cpus)
+            key = secrets.token_urlsafe(16)
+            sign_in_server = start_dashboard_sign_in(args.sign_in_port, key, ray_token(), dashboard)
+            sign_in = f"http://127.0.0.1:{sign_in_server.server_address[1]}/?key={key}"
+        print_urls(urls(settings, args.jupyter_port, token, dashboard, sign_in))
+        if jupyter is not None and jupyter.wait() != 0:
+            raise LabError(f"JupyterLab stopped: {last_log_line(log_path)} (log: {log_path})")
+        return 0
+    except (KeyboardInterrupt, LabStopped) as stop:
+        print(f"\nStopping ({stop or 'Ctrl-C'}) ...", flush=True)
+        return 0
+    except (LabError, stack.StackError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     finally:
-        stop_ray(ray_head)
-        if stacks_ray:
-            stack.up()
-            print("The stack's Ray is running again.")
-    return 0
+        for sig in STOP_SIGNALS:  # let the clean-up finish
+            signal.signal(sig, signal.SIG_IGN)
+        if jupyter is not None:
+            stop_process(jupyter)
+            (state / f"{JUPYTER_RECORD}.pid").unlink(missing_ok=True)
+        if sign_in_server is not None:
+            sign_in_server.shutdown()
+        if restore:
+            try:
+                restore_stack_ray(state)
+            except stack.StackError as err:
+                print(f"error: the stack's Ray did not start again: {err}", file=sys.stderr)
+        recorded = stack.remembered_process(state, LAB_RECORD)
+        if recorded is not None and recorded.pid == os.getpid():
+            (state / f"{LAB_RECORD}.pid").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

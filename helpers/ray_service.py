@@ -29,7 +29,7 @@ def settings_digest(env: dict[str, str]) -> str:
 
 
 def read_service(state: Path) -> dict | None:
-    """The stack's Ray: ``address``, ``auth``, ``settings``, ``cpus``, ``timings``; None when it does not answer."""
+    """The stack's Ray: ``address``, ``auth``, ``dashboard``, ``settings``, ``cpus``, ``timings``; None if down."""
     try:
         info = json.loads((state / SERVICE_FILE).read_text())
         host, _, port = info["address"].rpartition(":")
@@ -39,8 +39,11 @@ def read_service(state: Path) -> dict | None:
         return None
 
 
-def serve(state: Path, num_cpus: int | None) -> None:
-    """Start a local Ray with the stack's settings, record its address, and keep it running until SIGTERM."""
+def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> None:
+    """Start a local Ray with the stack's settings, record its address, and keep it running until SIGTERM.
+
+    With ``dashboard_port`` it also runs Ray's dashboard on 127.0.0.1 (``make lab``); its URL goes into the record.
+    """
     import ray
 
     from helpers import cluster, stack, timings
@@ -52,9 +55,13 @@ def serve(state: Path, num_cpus: int | None) -> None:
     env = cluster.settings_env(load_settings(environ={}, stack_state=state))
     cluster.loopback_only()
     os.environ.update(env)  # what every worker this Ray starts inherits
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+    # Ray's own default for a new local cluster is token authentication (RAY_AUTH_MODE=token, the token in
+    # ~/.ray/auth_token): kept, so another user of this machine can neither join this Ray nor use its dashboard.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard_port is not None,
+             dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
              logging_level=logging.ERROR)
-    info = {"address": ray.get_runtime_context().gcs_address, "pid": os.getpid(),
+    dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
+    info = {"address": ray.get_runtime_context().gcs_address, "pid": os.getpid(), "dashboard": dashboard,
             "auth": os.environ.get("RAY_AUTH_MODE", "disabled"), "settings": settings_digest(env),
             "cpus": int(ray.cluster_resources().get("CPU", 0)),
             "timings": os.environ.get(timings.TIMINGS_ENV, "")}  # a benchmark's span file, which workers write to
@@ -79,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m helpers.ray_service", description=__doc__.split("\n")[0])
     parser.add_argument("--state", type=Path, required=True, help="the stack's state folder")
     parser.add_argument("--num-cpus", type=int, help="CPUs Ray may use (default: all)")
+    parser.add_argument("--dashboard-port", type=int, help="also run Ray's dashboard on this port (make lab)")
     args = parser.parse_args(argv)
-    serve(args.state.resolve(), args.num_cpus)
+    serve(args.state.resolve(), args.num_cpus, args.dashboard_port)
     return 0
 
 

@@ -231,6 +231,16 @@ def _running(state: Path, service: str) -> psutil.Process | None:
     return _our_process(record) if record else None
 
 
+def remember_process(state: Path, name: str, pid: int) -> None:
+    """Record process ``pid`` under ``name`` in the state folder, where a later run finds it (``make lab``)."""
+    write_private(state / f"{name}.pid", json.dumps(_identity(psutil.Process(pid))))
+
+
+def remembered_process(state: Path, name: str) -> psutil.Process | None:
+    """The process recorded under ``name`` if it still runs (the same process, not a later one with its pid)."""
+    return _running(state, name)
+
+
 def _read_pid_record(state: Path, service: str) -> dict | None:
     try:
         record = json.loads((state / f"{service}.pid").read_text())
@@ -425,7 +435,7 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
         umask=0o077,  # databases, volumes and logs the service creates: the owner's only
     )
     log.close()
-    write_private(state / f"{service}.pid", json.dumps(_identity(psutil.Process(proc.pid))))
+    remember_process(state, service, proc.pid)
     return proc
 
 
@@ -459,9 +469,11 @@ def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> 
         if not port_is_free(ports[name]):
             flag = {"s3": "--s3-port", "mlflow": "--mlflow-port", "lakefs": "--lakefs-port",
                     "ray": "--ray-port"}.get(name, "--port-base")
+            fix = ("start the lab's dashboard on another: `make lab LAB_ARGS=\"--dashboard-port N\"`"
+                   if name == "dashboard" else f"start the stack on other ports: `python -m helpers.stack up {flag} N`")
             raise PortInUseError(
                 f"Port {ports[name]} ({service} {name}) on 127.0.0.1 is already in use by another program. "
-                f"Stop that program, or start the stack on other ports: `python -m helpers.stack up {flag} N`."
+                f"Stop that program, or {fix}."
             )
 
 
@@ -482,9 +494,10 @@ def _service_url(service: str, ports: dict[str, int]) -> str:
     return f"127.0.0.1:{port}" if service == "ray" else f"http://127.0.0.1:{port}"
 
 
-def _ray_command(state: Path, num_cpus: int | None) -> list[str]:
+def _ray_command(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> list[str]:
     cpus = ["--num-cpus", str(num_cpus)] if num_cpus else []
-    return [sys.executable, "-m", "helpers.ray_service", "--state", str(state), *cpus]
+    dashboard = ["--dashboard-port", str(dashboard_port)] if dashboard_port is not None else []
+    return [sys.executable, "-m", "helpers.ray_service", "--state", str(state), *cpus, *dashboard]
 
 
 def up(
@@ -495,6 +508,7 @@ def up(
     with_lakefs: bool = True,
     with_ray: bool = True,
     ray_cpus: int | None = None,
+    ray_dashboard_port: int | None = None,
 ) -> list[ServiceStatus]:
     """Start the embedded stack (idempotent: running services are left as they are).
 
@@ -506,6 +520,8 @@ def up(
         with_lakefs: also start lakeFS where its binary is available (see :mod:`helpers.lakefs_binary`).
         with_ray: also start the stack's Ray (:mod:`helpers.ray_service`), which the notebooks join.
         ray_cpus: CPUs the stack's Ray may use (default: all of this machine's).
+        ray_dashboard_port: start the stack's Ray with its dashboard on this port (``make lab``); a Ray
+            already running keeps what it has (:func:`down` it first to change that).
 
     Returns:
         The status of every service after start-up.
@@ -516,11 +532,12 @@ def up(
     """
     state = (state or state_dir()).resolve()
     with state_lock(state):
-        return _up(state, ports, with_mlflow, timeout, with_lakefs, with_ray, ray_cpus)
+        return _up(state, ports, with_mlflow, timeout, with_lakefs, with_ray, ray_cpus, ray_dashboard_port)
 
 
 def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
-        with_lakefs: bool, with_ray: bool, ray_cpus: int | None) -> list[ServiceStatus]:
+        with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
+        ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
     paths = _paths(state)
     for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
         _private_folder(folder)
@@ -561,7 +578,9 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     if with_ray:
         project_root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)
-        ensure("ray", ["ray"], lambda: _ray_command(state, ray_cpus),
+        if ray_dashboard_port is not None and _running(state, "ray") is None:
+            _check_ports_free("ray", {"dashboard": ray_dashboard_port}, ["dashboard"])
+        ensure("ray", ["ray"], lambda: _ray_command(state, ray_cpus, ray_dashboard_port),
                {ray_service.PORT_ENV: str(ports["ray"]), "PYTHONPATH": pythonpath})
     for name, proc in starting.items():
         _wait_healthy(name, _service_url(name, ports), proc, state, timeout)
@@ -675,20 +694,25 @@ def kill_service(service: str, state: Path | None = None) -> None:
         _wait_stopped(members, 10)
 
 
-def ensure_stack(with_mlflow: bool = True) -> Settings:
+def ensure_stack(with_mlflow: bool = True, ray_dashboard_port: int | None = None,
+                 ray_cpus: int | None = None) -> Settings:
     """Settings for the configured services, starting the embedded stack where none is configured.
 
     A notebook's first cell calls this, so any notebook can be opened first.
     Endpoints set in the environment, ``.env`` or ``credentials.json`` are
     used as they are; only what is missing comes from the embedded stack.
+    ``ray_dashboard_port`` and ``ray_cpus`` (``make lab``) start the stack's Ray with its dashboard, on
+    that many CPUs, if it is not running.
     """
     settings = load_settings()
 
     def external(name: str) -> bool:
         return not settings.sources.get(name, "stack").startswith("stack")
 
-    if not (external("s3_endpoint") and (not with_mlflow or external("mlflow_tracking_uri"))):
-        up(with_mlflow=with_mlflow, with_ray=not settings.ray_address)  # a cluster named: no Ray of our own
+    needed = not (external("s3_endpoint") and (not with_mlflow or external("mlflow_tracking_uri")))
+    if needed or (ray_dashboard_port is not None and not settings.ray_address):
+        up(with_mlflow=with_mlflow, with_ray=not settings.ray_address,  # a cluster named: no Ray of our own
+           ray_dashboard_port=ray_dashboard_port, ray_cpus=ray_cpus)
         settings = load_settings()
     print(services_line(settings, with_mlflow))
     return settings

@@ -1,13 +1,28 @@
-"""`make lab`: a local Ray with its dashboard on 127.0.0.1, every URL printed, and only its own Ray stopped."""
+"""``make lab`` from the terminal: its Ray's dashboard behind Ray's token and the lab's sign-in link, one clear
+line when JupyterLab cannot start, and the same clean-up for Ctrl-C, SIGTERM, SIGHUP and a parent that died.
 
+The browser test (tests/test_browser.py) runs notebooks in the lab; these tests run it without a browser.
+"""
+
+import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
+import psutil
 import pytest
 
+from helpers import lab as lab_module
 from helpers import ray_service, stack
-from helpers.config import state_dir
+from helpers.config import project_root
+
+pytestmark = pytest.mark.slow
 
 
 def port_open(port: int) -> bool:
@@ -15,21 +30,144 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.slow
-def test_lab_starts_ray_with_its_dashboard_prints_the_urls_and_stops_its_ray(settings):
-    ports = stack.free_ports(["ray", "dashboard", "jupyter"])
-    result = subprocess.run([sys.executable, "-m", "helpers.lab", "--no-jupyter", "--cpus", "1",
-                             "--ray-port", str(ports["ray"]), "--dashboard-port", str(ports["dashboard"]),
-                             "--jupyter-port", str(ports["jupyter"])],
-                            capture_output=True, text=True, timeout=300)
+def state() -> Path:
+    return Path(os.environ["STACK_STATE_DIR"])
+
+
+def lab_command(ports: dict[str, int], *extra: str) -> list[str]:
+    return [sys.executable, "-m", "helpers.lab", "--jupyter-port", str(ports["jupyter"]), "--dashboard-port",
+            str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"]), *extra]
+
+
+def start(ports: dict[str, int], *extra: str, shell_parent: bool = False) -> tuple[subprocess.Popen, list[str]]:
+    """Start the lab (under ``sh -c`` when ``shell_parent``) and read its output until it printed the URLs."""
+    command = lab_command(ports, *extra)
+    if shell_parent:  # as make runs it: the lab is the child of another process
+        command = ["sh", "-c", " ".join(command) + "; echo lab-exited-$?"]
+    proc = subprocess.Popen(command, cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    lines = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.rstrip("\n"))
+        if line.startswith("Ctrl-C stops"):
+            return proc, lines
+    proc.kill()
+    pytest.fail("the lab did not print its URLs:\n" + "\n".join(lines[-15:]))
+
+
+def finish(proc: subprocess.Popen, lines: list[str], timeout: float = 90) -> int:
+    proc.wait(timeout=timeout)
+    lines += proc.stdout.read().splitlines()
+    return proc.returncode
+
+
+def printed_url(lines: list[str], name: str) -> str:
+    return next(re.match(rf"\s+{name}\s+(\S+)", line).group(1) for line in lines if re.match(rf"\s+{name}\s", line))
+
+
+def assert_cleaned_up(ports: dict[str, int], jupyter: bool = True) -> None:
+    """JupyterLab and the dashboard gone, the stack's Ray running again without its dashboard."""
+    service = ray_service.read_service(state())
+    assert service is not None and service["dashboard"] is None
+    assert not port_open(ports["dashboard"]) and not port_open(ports["sign_in"])
+    if jupyter:
+        assert not port_open(ports["jupyter"])
+        assert stack.remembered_process(state(), lab_module.JUPYTER_RECORD) is None
+    assert stack.remembered_process(state(), lab_module.LAB_RECORD) is None
+
+
+def test_no_jupyter_prints_the_urls_and_puts_the_stack_s_ray_back(settings):
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    result = subprocess.run(lab_command(ports, "--no-jupyter"), cwd=project_root(), capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = {line.split()[0] + (" " + line.split()[1] if line.split()[0] == "Ray" else ""): line
-             for line in result.stdout.splitlines() if line.startswith("  ")}
-    assert f"http://127.0.0.1:{ports['jupyter']}/lab?token=" in lines["JupyterLab"]
-    assert f"http://127.0.0.1:{ports['dashboard']}" in lines["Ray dashboard"]
-    assert settings.mlflow_tracking_uri in lines["MLflow"]
+    lines = result.stdout.splitlines()
     assert "Services: object store" in result.stdout  # which endpoints won, and why
-    assert not port_open(ports["dashboard"]) and not port_open(ports["ray"]), "its Ray is stopped again"
-    if "The stack's Ray is stopped" in result.stdout:  # one Ray at a time; the stack's is back afterwards
-        assert "The stack's Ray is running again." in result.stdout
-        assert ray_service.read_service(state_dir()) is not None
+    assert printed_url(lines, "JupyterLab").startswith(f"http://127.0.0.1:{ports['jupyter']}/lab?token=")
+    assert printed_url(lines, "MLflow") == settings.mlflow_tracking_uri
+    assert_cleaned_up(ports, jupyter=False)  # --no-jupyter: printed, then stopped again
+
+
+def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_without_its_key(settings):
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    proc, lines = start(ports)
+    try:
+        link = printed_url(lines, "Ray dashboard")
+        dashboard = f"http://127.0.0.1:{ports['dashboard']}"
+        assert link.startswith(f"http://127.0.0.1:{ports['sign_in']}/?key=")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{dashboard}/api/jobs/", timeout=10)
+        assert refused.value.code == 401, "Ray's own token authentication stays on"
+        with pytest.raises(urllib.error.HTTPError) as no_key:
+            urllib.request.urlopen(link.split("?")[0] + "?key=wrong", timeout=10)
+        assert no_key.value.code == 403 and "Set-Cookie" not in no_key.value.headers
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *args, **kwargs):
+                return None
+
+        with pytest.raises(urllib.error.HTTPError) as signed_in:
+            urllib.request.build_opener(NoRedirect).open(link, timeout=10)
+        assert signed_in.value.code == 303 and signed_in.value.headers["Location"] == f"{dashboard}/#/actors"
+        cookie = signed_in.value.headers["Set-Cookie"].split(";")[0]
+        assert cookie == f"{lab_module.RAY_TOKEN_COOKIE}={lab_module.ray_token()}"
+        request = urllib.request.Request(f"{dashboard}/api/jobs/", headers={"Cookie": cookie})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200
+        # one lab per stack: a second one says so in one line and touches nothing
+        second = subprocess.run(lab_command(stack.free_ports(["jupyter", "dashboard", "sign_in"])),
+                                cwd=project_root(), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and f"make lab is already running (pid {proc.pid})" in second.stderr
+        assert ray_service.read_service(state())["dashboard"] == dashboard
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert finish(proc, lines) == 0
+    assert "Stopping (Ctrl-C) ..." in lines and "The stack's Ray is running again, without its dashboard." in lines
+    assert_cleaned_up(ports)
+
+
+def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(settings):
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ray_before = ray_service.read_service(state())
+    with socket.socket() as taken:  # another program holds JupyterLab's port
+        taken.bind(("127.0.0.1", ports["jupyter"]))
+        taken.listen()
+        started = time.monotonic()
+        result = subprocess.run(lab_command(ports), cwd=project_root(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: JupyterLab exited at start: ")
+    assert f"port {ports['jupyter']} is not available" in errors[0]
+    assert "Open:" not in result.stdout, "no URLs for a lab that is not there"
+    assert time.monotonic() - started < 60
+    assert ray_service.read_service(state())["pid"] == ray_before["pid"], "the stack's Ray was not touched"
+
+
+def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftovers_are_stopped(settings):
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    # A lab killed outright (SIGKILL) leaves its JupyterLab and the dashboard's Ray behind ...
+    proc, lines = start(ports)
+    leftover = stack.remembered_process(state(), lab_module.JUPYTER_RECORD)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert leftover.is_running() and port_open(ports["dashboard"])
+    # ... and the next lab stops that JupyterLab and keeps the Ray, which has the dashboard already.
+    ray_pid = ray_service.read_service(state())["pid"]
+    proc, lines = start(ports)
+    assert f"Stopped the JupyterLab an earlier make lab left running (pid {leftover.pid})." in lines
+    assert not psutil.pid_exists(leftover.pid) or leftover.status() == psutil.STATUS_ZOMBIE
+    assert ray_service.read_service(state())["pid"] == ray_pid
+    proc.send_signal(signal.SIGHUP)  # the terminal closed
+    assert finish(proc, lines) == 0 and "Stopping (SIGHUP) ..." in lines
+    assert_cleaned_up(ports)
+    # make runs the lab as its child: when make is killed, the lab is told to stop (SIGTERM).
+    proc, lines = start(ports, shell_parent=True)
+    lab = next(p for p in psutil.Process(proc.pid).children() if "helpers.lab" in " ".join(p.cmdline()))
+    proc.kill()  # the shell, as `kill -9 <make>` would
+    proc.wait(timeout=10)
+    lab.wait(timeout=90)
+    assert_cleaned_up(ports)

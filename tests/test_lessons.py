@@ -122,8 +122,10 @@ def hand_written_modules():
 def test_helpers_stay_thin_plumbing():
     lines = sum(len(p.read_text().splitlines()) for p in hand_written_modules())
     # plumbing only: configuration, the embedded stack (with its lock, private state files and process
-    # groups), the stack's Ray, lakeFS fetching, `make lab`, the runner, plots, bounded tracking, the benchmark's spans
-    assert lines <= 2950, f"hand-written helpers hold {lines} lines"
+    # groups), the stack's Ray, lakeFS fetching, `make lab` (JupyterLab as root or not, the dashboard's sign-in,
+    # its clean-up on every signal), the bounded check of RAY_ADDRESS, every notebook's declared parameters,
+    # the runner, plots, bounded tracking, the benchmark's spans
+    assert lines <= 3500, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
