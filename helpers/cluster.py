@@ -8,9 +8,13 @@ the others inherited as Ray starts (a ``runtime_env`` only where the driver's se
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
+import socket
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import ray_service, timings
-from helpers.config import Settings, load_settings, state_dir
+from helpers.config import ConfigError, Settings, load_settings, state_dir
 from helpers.tracking import bounded_requests
 
 # Set to true where every node of the cluster already has S3_ACCESS_KEY and S3_SECRET_KEY in its
@@ -137,6 +141,89 @@ def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[s
     return {"env_vars": env_vars} if env_vars else None
 
 
+class RayUnavailable(ConfigError):
+    """The Ray that ``RAY_ADDRESS`` names cannot be joined; the message says why and what to do."""
+
+
+TOKEN_HINT = ("set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN (or in a file named by "
+              "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token), then run it again")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a Ray address (``host:port`` or ``ray://host:port``); None for ``auto`` or ``local``."""
+    if address in ("auto", "local"):
+        return None
+    client = address.startswith("ray://")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host:
+        return address.removeprefix("ray://"), 10001 if client else 6379
+    return host, int(port) if port.isdigit() else (10001 if client else 6379)
+
+
+def _answers(host: str, port: int, timeout: float = 3.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def check_cluster(address: str, timeout: float = 25.0) -> bool:
+    """Make sure the Ray at ``address`` can be joined, within seconds; returns whether it listens on loopback only.
+
+    ``ray.init`` retries a Ray that does not answer, or that refuses this driver's token, for minutes,
+    printing the same lines again and again. Here a connection attempt (3 s) and, once the address
+    answers, a trial join in a child process (``RAY_NUM_REDIS_GET_RETRIES=5``) decide first.
+
+    Raises:
+        RayUnavailable: nothing listens there, it asks for a token this driver lacks, or it did not let
+            this driver join in time.
+    """
+    where = _host_port(address)
+    if where is None:
+        return False
+    host, port = where
+    if not _answers(host, port):
+        raise RayUnavailable(
+            f"No Ray answers at RAY_ADDRESS={address}. Start one there (`ray start --head --port={port}`), "
+            "or unset RAY_ADDRESS to use the embedded stack's Ray (`python -m helpers.stack up`).")
+    loopback = not address.startswith("ray://") and (host == "localhost" or host.startswith("127."))
+    if loopback:
+        import ray.util
+
+        # Ray joins 127.0.0.1 by this machine's network address; a Ray that listens on loopback only
+        # (this project's) is reached only if the driver keeps to 127.0.0.1 as well.
+        loopback = not _answers(ray.util.get_node_ip_address(), port, timeout=1.0)
+    command = [sys.executable, "-m", "helpers.cluster", "join", address, *(["--loopback-only"] if loopback else [])]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                                env={**os.environ, "RAY_NUM_REDIS_GET_RETRIES": "5"})
+    except subprocess.TimeoutExpired:
+        raise RayUnavailable(f"The Ray at RAY_ADDRESS={address} answers but did not let this driver join within "
+                             f"{timeout:.0f} s. Check that it is a Ray head's GCS port, or unset RAY_ADDRESS."
+                             ) from None
+    said = result.stdout + result.stderr
+    if result.returncode != 0 and ("AuthenticationError" in said or "InvalidAuthToken" in said):
+        mode = "a token this driver does not have" if os.environ.get("RAY_AUTH_MODE") == "token" else "a token"
+        raise RayUnavailable(f"The Ray at RAY_ADDRESS={address} uses token authentication and asks for {mode}: "
+                             f"{TOKEN_HINT}.")
+    if result.returncode != 0:
+        last = (said.strip().splitlines() or ["(no output)"])[-1][:300]
+        raise RayUnavailable(f"Could not join the Ray at RAY_ADDRESS={address}: {last}")
+    return loopback
+
+
+def _trial_join(address: str, loopback: bool) -> int:
+    """Join the Ray at ``address`` and leave: the child process of :func:`check_cluster`."""
+    import ray
+
+    if loopback:
+        loopback_only()
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    ray.shutdown()
+    return 0
+
+
 def where_ray_runs(settings: Settings, address: str | None = None) -> tuple[str, dict[str, Any] | None]:
     """``(address, service)``: the cluster, the stack's Ray (with its ``ray.json`` record), or ``"local"``."""
     address = address or settings.ray_address
@@ -194,7 +281,9 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
         if service.get("auth") == "token":
             use_token_auth()
         runtime_env = stack_ray_runtime_env(settings, service)
-    else:
+    else:  # a cluster: RAY_ADDRESS (or the address argument)
+        if check_cluster(address):
+            loopback_only()
         runtime_env = cluster_runtime_env(settings)
     started = time.time()
     with environment:
@@ -213,6 +302,10 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
     # A map function's own error (an object that is not an image, say) reaches the driver as itself,
     # not wrapped in "UDF failed to process a data block": the notebooks show it in one line.
     ray.data.DataContext.get_current().raise_original_map_exception = True
+    # An actor pool starts all its actors before it hands out batches, so the batches spread over every
+    # actor (by default the first actor up takes them all while the others start: one pid at smoke size).
+    # A cluster that cannot fit the pool fails after this many seconds instead of waiting for ever.
+    ray.data.DataContext.get_current().wait_for_min_actors_s = 120
     if quiet:
         quiet_ray()
     return ray.cluster_resources()
@@ -224,3 +317,17 @@ def shutdown_ray() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.cluster join ADDRESS [--loopback-only]``: the trial join of :func:`check_cluster`."""
+    parser = argparse.ArgumentParser(prog="python -m helpers.cluster")
+    parser.add_argument("command", choices=["join"])
+    parser.add_argument("address")
+    parser.add_argument("--loopback-only", action="store_true")
+    args = parser.parse_args(argv)
+    return _trial_join(args.address, args.loopback_only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
