@@ -278,19 +278,26 @@ def maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
         raise InjectedFault(f"injected failure in epoch {epoch} on rank {rank}")
 
 
-def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list]:
-    """Load the last checkpoint into the model and optimizer; returns the next epoch and the history so far.
+def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list, int]:
+    """Load the last checkpoint into the model and optimizer after a failure.
 
-    Epochs that were checkpointed but never reached MLflow are logged now, once.
+    Returns the next epoch, the history so far (its last row, the checkpointed epoch, counts the runs
+    resumed from it in ``"resumed_from_here"``) and the last epoch MLflow holds: the epochs run since the
+    checkpoint were logged as they ended, so they run again but are not logged again. A checkpointed
+    epoch MLflow missed is logged now.
     """
     with checkpoint.as_directory() as folder:
         state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
     module.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    logged_through = state["epoch"]
     if mlflow_client:
         logged = {m.step for m in mlflow_client.get_metric_history(run_id, "train_loss")}
         log_epochs(mlflow_client, run_id, [past for past in state["history"] if past["epoch"] not in logged])
-    return state["epoch"] + 1, state["history"]
+        logged_through = max(logged | {logged_through})
+    history = state["history"]
+    history[-1]["resumed_from_here"] = history[-1].get("resumed_from_here", 0) + 1
+    return state["epoch"] + 1, history, logged_through
 
 
 def checkpoint_due(epoch: int, config: dict[str, Any]) -> bool:
@@ -310,10 +317,10 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
     loss_fn = nn.NLLLoss(reduction="sum")
     run_id, mlflow_client = config.get("run_id"), worker_mlflow_client(config, rank)
 
-    start_epoch, history = 1, []  # epochs count from 1, as in Ray Tune's training_iteration
+    start_epoch, history, logged_through = 1, [], 0  # epochs count from 1, as in Ray Tune's training_iteration
     if ray.train.get_checkpoint():  # after a failure Ray Train restarts the workers from the last checkpoint
-        start_epoch, history = resume(ray.train.get_checkpoint(), module, optimizer, mlflow_client, run_id)
-    logged_through = start_epoch - 1  # epochs up to here are in MLflow
+        start_epoch, history, logged_through = resume(ray.train.get_checkpoint(), module, optimizer,
+                                                      mlflow_client, run_id)
     shard = ray.train.get_dataset_shard("train")
     validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
     cache = [] if config.get("cache_shard") else None  # filled by the first epoch (epoch_batches)
@@ -352,8 +359,8 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
                            Path(folder) / CHECKPOINT_FILE)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report({**metrics, "epoch": epoch}, checkpoint=checkpoint)
-        if mlflow_client and keep:  # once the checkpoint is stored, so a resume never logs an epoch twice
-            if not log_epochs(mlflow_client, run_id, [row for row in history if row["epoch"] > logged_through]):
+        if mlflow_client and epoch > logged_through:  # as each epoch ends; once, also across a resume
+            if not log_epochs(mlflow_client, run_id, [history[-1]]):
                 mlflow_client = None
             logged_through = epoch
 
