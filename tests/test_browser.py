@@ -1,0 +1,427 @@
+"""The workshop path as a learner runs it: ``make lab``, then every notebook restarted and run in JupyterLab.
+
+Playwright drives Debian's Chromium (``apt-get install chromium``; Playwright's own browser download
+is not used). The lab runs on the session's private stack, and notebook 06 on the lakeFS test double
+where no lakeFS server runs. Each notebook is opened in a fresh JupyterLab workspace, run with the
+toolbar's "Restart the kernel and run all cells", saved, and checked: in the saved file (every code
+cell ran, no error, no unexpected stderr) and on the page (widgets, diagrams, collapsed solutions).
+The dashboard and MLflow are then checked as a learner would open them.
+
+Without Chromium or Playwright the module is skipped with one line; with ``TUTORIAL_REQUIRE_BROWSER=1``
+(set by ``.ci/run``) that is a failure. Screenshots go to ``runs/browser/`` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from helpers import ray_service, stack
+from helpers.config import project_root
+
+REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
+CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
+SHOTS = project_root() / "runs" / "browser"
+NOTEBOOKS = ["01_upload_mnist", "02_list_and_split", "03_ray_data_preprocessing", "04_distributed_training",
+             "05_tune_sweeps", "06_lakefs_parallel_experiments"]
+# stderr a notebook may print in JupyterLab, each with the reason it is expected. Anything else fails.
+EXPECTED_STDERR: list[tuple[str, str]] = []
+# Chromium's flags on a headless machine: no sandbox as root, and no background calls to Google's hosts,
+# which a machine without internet refuses many at a time.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+
+def browser_or_skip() -> None:
+    """Skip (or fail, under ``TUTORIAL_REQUIRE_BROWSER``) when Chromium or Playwright is missing."""
+    missing = []
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("Playwright (`pip install -r requirements.txt`)")
+    if not Path(CHROMIUM).is_file():
+        missing.append("Chromium (`sudo apt-get install chromium`)")
+    if missing:
+        why = "The browser test needs " + " and ".join(missing)
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{why}; {REQUIRE_ENV} is set, so that is a failure.")
+        pytest.skip(f"{why}; install it to run this test, or set {REQUIRE_ENV}=1 to make its absence a failure.")
+
+
+@dataclass
+class Lab:
+    """A running ``python -m helpers.lab`` and what it printed."""
+
+    proc: subprocess.Popen
+    notebook_dir: Path
+    urls: dict[str, str]
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def jupyter(self) -> tuple[str, str]:
+        """``(base URL, token)`` of JupyterLab."""
+        base, token = self.urls["JupyterLab"].split("/lab?token=")
+        return base, token
+
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 120) -> int:
+        """Send ``sig`` (Ctrl-C by default) to the lab and wait for it to clean up; its exit status.
+
+        A learner's lab runs under ``runuser``, which does not pass Ctrl-C on: the signal goes to the lab itself.
+        """
+        import psutil
+
+        if self.proc.poll() is None:
+            labs = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                    if "helpers.lab" in " ".join(p.cmdline())]
+            (labs[0] if labs else self.proc).send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.output += self.proc.stdout.read().splitlines() if self.proc.stdout else []
+        return self.proc.returncode
+
+
+def start_lab(notebook_dir: Path, env: dict[str, str], user: str | None = None, timeout: float = 240) -> Lab:
+    """``python -m helpers.lab`` on free ports (as ``user`` through ``runuser`` when given); returns once it printed
+    its URLs, which it does once JupyterLab answers."""
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    command = [sys.executable, "-m", "helpers.lab", "--jupyter-port", str(ports["jupyter"]),
+               "--dashboard-port", str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"]),
+               "--notebook-dir", str(notebook_dir)]
+    if user:
+        command = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), *command]
+    proc = subprocess.Popen(command, env=env, cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, bufsize=1)
+    lab = Lab(proc, notebook_dir, {})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lab.output.append(line.rstrip("\n"))
+        found = re.match(r"\s{2}(JupyterLab|Ray dashboard|MLflow|lakeFS)\s+(\S+)", line)
+        if found:
+            lab.urls[found.group(1)] = found.group(2)
+        if line.startswith("Ctrl-C stops"):
+            return lab
+    proc.kill()
+    pytest.fail("make lab did not print its URLs:\n" + "\n".join(lab.output[-20:]))
+
+
+def lab_environment(owner: str | None = None) -> dict[str, str]:
+    """The session's environment for the lab, with JupyterLab's settings and workspaces in a folder of their own.
+
+    Notebooks render every cell (no windowing), so the page can be checked cell by cell, and no news
+    notification covers it. ``owner`` gets the folder (a learner's lab runs as them).
+    """
+    settings = Path(tempfile.mkdtemp(prefix="lab-settings-"))
+    for plugin, values in {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+                           "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"}}.items():
+        path = settings / "user" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    (settings / "workspaces").mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        subprocess.run(["chown", "-R", owner, str(settings)], check=True)
+    return {**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings / "user"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(settings / "workspaces")}
+
+
+def copy_notebooks(target: Path, names: list[str]) -> Path:
+    """Copies of the notebooks: JupyterLab saves what it ran, and the committed ones must stay as they are."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(project_root() / "notebooks" / f"{name}.ipynb", target)
+    return target
+
+
+# --- what a run in JupyterLab must show ---------------------------------------------------
+
+def cells_of(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["cells"]
+
+
+def tagged(cell: dict, tag: str) -> bool:
+    return tag in cell.get("metadata", {}).get("tags", [])
+
+
+def unexpected_stderr(cells: list[dict]) -> list[str]:
+    """stderr lines no entry of :data:`EXPECTED_STDERR` explains."""
+    lines = [line for cell in cells if cell["cell_type"] == "code" for out in cell.get("outputs", [])
+             if out.get("name") == "stderr" for line in "".join(out["text"]).splitlines() if line.strip()]
+    return [line for line in lines if not any(re.search(pattern, line) for pattern, _ in EXPECTED_STDERR)]
+
+
+def wait_for_idle_kernel(page, timeout: float = 120) -> None:
+    """Wait until the notebook's kernel is connected and idle.
+
+    The toolbar's indicator says "idle" for a moment before the kernel connects; a restart clicked then
+    can leave the kernel "starting" for ever. The status bar's "| Idle", twice half a second apart, is sure.
+    """
+    deadline, seen = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline and seen < 2:
+        page.wait_for_timeout(500)
+        idle = any("| Idle" in text for text in page.locator(".jp-StatusBar-Widget").all_inner_texts())
+        seen = seen + 1 if idle else 0
+    assert seen >= 2, "the notebook's kernel did not become idle"
+
+
+def run_all_in_jupyterlab(page, lab: Lab, name: str, timeout: float = 480, state: Path | None = None) -> float:
+    """Open ``name`` in a fresh workspace, Restart-and-run-all from the toolbar, wait for the end, save."""
+    base, token = lab.jupyter
+    page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/{name}.ipynb?reset&token={token}")
+    wait_for_idle_kernel(page)
+    started = time.monotonic()
+    page.click("[data-command='notebook:restart-run-all']")
+    page.click(".jp-Dialog .jp-mod-accept")  # "Restart Kernel?" -> Restart
+    running = page.locator(".jp-Notebook .jp-CodeCell .jp-InputPrompt", has_text="[*]")
+    running.first.wait_for(timeout=120_000)  # the run began: every cell queued
+    while time.monotonic() - started < timeout:
+        page.wait_for_timeout(1000)
+        status = page.get_attribute(".jp-Notebook-ExecutionIndicator", "data-status")
+        if running.count() == 0 and status == "idle":
+            break
+    else:
+        log = (state or Path(os.environ["STACK_STATE_DIR"])) / "logs" / "jupyterlab.log"
+        pytest.fail(f"{name} did not finish within {timeout:.0f} s (kernel {status}, {running.count()} cells "
+                    f"queued); JupyterLab's log ends:\n" + "\n".join(log.read_text().splitlines()[-25:]))
+    seconds = time.monotonic() - started
+    page.keyboard.press("Control+s")
+    page.wait_for_function("() => !document.querySelector('.jp-mod-dirty')", timeout=30_000)
+    return seconds
+
+
+def check_run(page, path: Path) -> None:
+    """What a learner must see after Restart-and-run-all: the saved file and the page."""
+    cells = cells_of(path)
+    code = [c for c in cells if c["cell_type"] == "code"]
+    errors = [f"{o['ename']}: {o['evalue']}"[:300] for c in code for o in c.get("outputs", [])
+              if o["output_type"] == "error"]
+    assert not errors, f"{path.name}: error output {errors}"
+    counts = [c.get("execution_count") for c in code]  # a fresh kernel numbers the cells it ran from 1
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: not every code cell ran, in order: {counts}"
+    assert not unexpected_stderr(cells), f"{path.name}: unexpected stderr {unexpected_stderr(cells)[:5]}"
+    # progress bars are live widgets, each one rendered
+    widgets = sum("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for c in code
+                  for o in c.get("outputs", []))
+    assert page.get_by_text("Loading widget...").count() == 0
+    assert page.get_by_text("Error displaying widget").count() == 0
+    assert page.locator(".jp-OutputArea-output .widget-hprogress").count() >= widgets
+    # every mermaid block rendered as an SVG picture, none left as a parse warning
+    diagrams = sum("".join(c["source"]).count("```mermaid") for c in cells if c["cell_type"] == "markdown")
+    assert page.locator(".jp-RenderedMermaid.jp-mod-warning").count() == 0, f"{path.name}: a diagram did not parse"
+    assert page.locator(".jp-RenderedMermaid img[src^='data:image/svg+xml']").count() == diagrams
+    # the exercises' solutions stay folded away until the learner opens them
+    solutions = sum(tagged(c, "solution") for c in code)
+    assert solutions and all(c["metadata"].get("jupyter", {}).get("source_hidden") for c in code
+                             if tagged(c, "solution"))
+    assert page.locator(".jp-CodeCell .jp-InputPlaceholder").count() >= solutions
+
+
+def summary(path: Path) -> dict:
+    """The facts the notebook's summary cell displayed."""
+    cell = next(c for c in cells_of(path) if tagged(c, "summary"))
+    return next(o["data"]["application/json"] for o in cell["outputs"] if "application/json" in o.get("data", {}))
+
+
+# Where each notebook's screenshot looks: the section whose output shows the lesson best.
+SHOT_AT = {"01": "Upload, in parallel", "02": "Faster listings", "03": "Who did the work",
+           "04": "The curves, read back from MLflow", "05": "Every trial", "06": "Compare: read back from lakeFS"}
+
+
+def shoot(page, name: str, heading: str | None = None) -> Path:
+    """A screenshot into ``runs/browser/``, the notebook scrolled to ``heading`` where it has one."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    target = page.locator("h2", has_text=heading) if heading else None
+    if target is not None and target.count():
+        target.first.evaluate("element => element.scrollIntoView({block: 'start'})")
+        page.wait_for_timeout(500)
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path))
+    return path
+
+
+# --- fixtures ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    browser_or_skip()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def lab(browser, settings, lakefs_kind, tmp_path_factory):
+    """``make lab`` on the session's stack, serving copies of the notebooks."""
+    started = start_lab(copy_notebooks(tmp_path_factory.mktemp("lab"), NOTEBOOKS), lab_environment())
+    yield started
+    if started.proc.poll() is None:
+        started.stop()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    yield context.new_page()
+    context.close()
+
+
+# --- the tests --------------------------------------------------------------------------------
+
+def test_make_lab_prints_its_urls_once_jupyterlab_answers(lab):
+    assert {"JupyterLab", "Ray dashboard", "MLflow"} <= set(lab.urls)
+    if os.geteuid() == 0:
+        assert any("Running as root: JupyterLab starts with --allow-root" in line for line in lab.output)
+    import urllib.request
+
+    with urllib.request.urlopen(lab.urls["JupyterLab"], timeout=10) as answer:  # it answers by the time it is printed
+        assert answer.status == 200
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_restart_and_run_all_in_jupyterlab(lab, page, name, lakefs_kind):
+    seconds = run_all_in_jupyterlab(page, lab, name)
+    path = lab.notebook_dir / f"{name}.ipynb"
+    shoot(page, name, SHOT_AT.get(name[:2]))
+    check_run(page, path)
+    facts = summary(path)
+    if name.startswith("03"):
+        assert facts["actor processes"] == 2, "both ObjectPreprocessor actors worked"
+    if name.startswith("04"):
+        lab.urls["04 run"] = facts["MLflow run id"]
+    print(f"{name}: {seconds:.0f} s in JupyterLab")
+
+
+def test_the_dashboard_opens_without_a_token_prompt_and_lists_the_actors(lab, page):
+    page.goto(lab.urls["Ray dashboard"])  # the sign-in link make lab printed
+    page.wait_for_url(re.compile(r".*#/actors"), timeout=30_000)
+    for cls in ("ObjectPreprocessor", "RayTrainWorker"):  # started by notebooks 03 and 04
+        page.get_by_label("Class").fill(cls)
+        page.locator("tbody tr", has_text=cls).first.wait_for(timeout=30_000)
+        assert page.locator("tbody tr", has_text=cls).count() >= 2
+    assert page.get_by_text("Authentication Token Required").count() == 0
+    shoot(page, "dashboard-actors")
+
+
+def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, page, settings):
+    from mlflow.tracking import MlflowClient
+
+    run_id = lab.urls.get("04 run") or pytest.skip("notebook 04 did not run in this session")
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    run = client.get_run(run_id)
+    points = client.get_metric_history(run_id, "train_loss")
+    assert sorted(p.step for p in points) == list(range(1, int(run.data.params["epochs"]) + 1))
+    page.goto(f"{lab.urls['MLflow']}/#/experiments/{run.info.experiment_id}/runs/{run_id}/model-metrics")
+    page.get_by_text("train_loss", exact=True).first.wait_for(timeout=60_000)
+    page.get_by_text(run.info.run_name).first.wait_for(timeout=30_000)
+    page.get_by_placeholder("Search metric charts").fill("train_")  # the per-epoch curves only
+    assistant = page.get_by_text("MLflow Assistant")
+    if assistant.count():  # a side panel that hides half the charts
+        page.locator("button[aria-label='Close']").last.click()
+    page.wait_for_timeout(1500)
+    shoot(page, "mlflow-run")
+
+
+def test_ctrl_c_stops_jupyterlab_and_the_dashboard_and_the_stack_s_ray_runs_again(lab, settings):
+    state = Path(os.environ["STACK_STATE_DIR"])
+    dashboard = ray_service.read_service(state)["dashboard"]
+    assert lab.stop(signal.SIGINT) == 0, "\n".join(lab.output[-10:])
+    assert "The stack's Ray is running again, without its dashboard." in lab.output
+    service = ray_service.read_service(state)
+    assert service is not None and service["dashboard"] is None
+    import urllib.request
+
+    with pytest.raises(OSError):
+        urllib.request.urlopen(dashboard, timeout=3)
+    base, _ = lab.jupyter
+    with pytest.raises(OSError):
+        urllib.request.urlopen(base + "/api", timeout=3)
+
+
+LEARNER = "tutorial-learner"  # a throwaway account for the run as a non-root user
+
+
+def learner_account() -> tuple[str, Path, bool]:
+    """The throwaway learner: ``(name, home, created now)``; skips (or fails, under ``TUTORIAL_REQUIRE_BROWSER``)
+    where it cannot reach this checkout or its Python."""
+    import pwd
+
+    created = False
+    try:
+        home = Path(pwd.getpwnam(LEARNER).pw_dir)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", LEARNER], check=True, capture_output=True)
+        home, created = Path(pwd.getpwnam(LEARNER).pw_dir), True
+    probe = subprocess.run(["runuser", "-u", LEARNER, "--", sys.executable, "-c", "import helpers.lab"],
+                           capture_output=True, text=True, cwd="/")
+    if probe.returncode != 0:
+        if created:
+            subprocess.run(["userdel", "--remove", LEARNER], capture_output=True)
+        why = (f"A user other than root cannot run {sys.executable} with this checkout (a folder on the way is "
+               f"closed to other users: {probe.stderr.strip()[-200:]}). .ci/run opens them.")
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(why)
+        pytest.skip(why)
+    return LEARNER, home, created
+
+
+def test_a_learner_who_is_not_root_runs_a_ray_notebook_in_the_lab(browser, tmp_path_factory):
+    """The same lab as a non-root user: no --allow-root, a stack, a Ray token and a dashboard of their own."""
+    if os.geteuid() != 0:
+        pytest.skip("this session is not root: the lab above already ran as a learner runs it")
+    user, home, created = learner_account()
+    work = Path(tempfile.mkdtemp(prefix="learner-"))
+    state, notebooks = work / "stack", copy_notebooks(work / "notebooks", ["03_ray_data_preprocessing"])
+    settings_env = lab_environment(owner=user)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "USER": user, "LANG": "C.UTF-8",
+           "STACK_STATE_DIR": str(state), **{k: settings_env[k] for k in ("JUPYTERLAB_SETTINGS_DIR",
+                                                                          "JUPYTERLAB_WORKSPACES_DIR")}}
+    subprocess.run(["chown", "-R", user, str(work)], check=True)
+    as_learner = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
+    ports = stack.free_ports(["s3", "mlflow", "base", "ray"])
+    lab = None
+    try:  # their own stack on free ports, its Ray left to the lab (which starts it with the dashboard)
+        subprocess.run([*as_learner, sys.executable, "-m", "helpers.stack", "up", "--no-ray", "--no-lakefs",
+                        "--s3-port", str(ports["s3"]), "--mlflow-port", str(ports["mlflow"]), "--port-base",
+                        str(ports["base"]), "--ray-port", str(ports["ray"])], check=True, capture_output=True,
+                       cwd=project_root(), timeout=180)
+        lab = start_lab(notebooks, env, user=user)
+        assert not any("Running as root" in line for line in lab.output)
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        run_all_in_jupyterlab(page, lab, "03_ray_data_preprocessing", state=state)
+        shoot(page, "learner-03_ray_data_preprocessing", SHOT_AT["03"])
+        check_run(page, notebooks / "03_ray_data_preprocessing.ipynb")
+        assert summary(notebooks / "03_ray_data_preprocessing.ipynb")["actor processes"] == 2
+        context.close()
+        assert lab.stop(signal.SIGINT) == 0, "\n".join(lab.output[-10:])
+        assert (home / ".ray" / "auth_token").stat().st_uid == home.stat().st_uid, "the learner's own Ray token"
+    finally:
+        if lab is not None and lab.proc.poll() is None:
+            lab.stop(signal.SIGKILL)
+        subprocess.run([*as_learner, sys.executable, "-m", "helpers.stack", "down"], cwd=project_root(),
+                       capture_output=True, timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(settings_env["JUPYTERLAB_SETTINGS_DIR"].rsplit("/", 1)[0], ignore_errors=True)
+        if created:
+            subprocess.run(["userdel", "--remove", user], capture_output=True)
