@@ -147,25 +147,25 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     from helpers import timings, tracking
 
     monkeypatch.setenv(timings.TIMINGS_ENV, str(tmp_path / "spans.jsonl"))  # what bench_smoke.py reads
-    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, epochs=6, hidden_sizes=[64], fail_at_epoch=4,
-                checkpoint_every=2)
+    # README's fault demo: fail_at_epoch = 7 at the defaults (10 epochs, a checkpoint every 5)
+    facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, hidden_sizes=[64], fail_at_epoch=7)
     spans = timings.read(tmp_path / "spans.jsonl")
     assert {"kernel start + imports", "ray start", "load: list + fetch + decode", "training", "train: epoch compute",
             "train: checkpoint + report"} <= {s["label"] for s in spans}
     driver = {s["pid"] for s in spans if s["label"] == "training"}
     workers = {s["pid"] for s in spans if s["label"].startswith("train: ")}
     assert len(driver) == 1 and len(workers) >= 2 and not driver & workers, "the workers' spans land in the same file"
-    # Checkpoints at epochs 2 and 4 (never reached: the fault), so the run went back to epoch 2: epochs 3 and 4
-    # ran twice, by the first and by the restarted workers.
+    # A checkpoint at epoch 5 (and 10); the fault comes as epoch 7 starts, so the run went back to epoch 5:
+    # epoch 6 ran twice, by the first and by the restarted workers.
     epochs_run = sum(s["label"] == "train: epoch compute" for s in spans) // 2  # two workers
-    assert epochs_run == 6 + 1, "the resume started after epoch 2's checkpoint, not after epoch 3"
-    assert facts["injected failure in epoch"] == 4 and facts["resumed from the checkpoint of epoch"] == 2
-    assert facts["epochs"] == 6 and facts["last epoch loss"] < facts["first epoch loss"]
+    assert epochs_run == 10 + 1, "the resume started after epoch 5's checkpoint, not from scratch"
+    assert facts["injected failure in epoch"] == 7 and facts["resumed from the checkpoint of epoch"] == 5
+    assert facts["epochs"] == 10 and facts["last epoch loss"] < facts["first epoch loss"]
     assert facts["test accuracy"] > 0.6 and facts["test images"] == 50
     assert facts["checkpoint"].startswith(f"s3://{bucket}/ray-results/")
     uri, run_id = settings.mlflow_tracking_uri, facts["MLflow run id"]
     steps = [step for step, _ in tracking.metric_history(uri, run_id, "train_loss")]
-    assert steps == list(range(1, 7)), "every epoch logged once, counted from 1, also across the resume"
+    assert steps == list(range(1, 11)), "every epoch logged once, counted from 1, also across the resume"
     client = MlflowClient(uri)
     stamps = [m.timestamp for m in sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)]
     assert stamps == sorted(set(stamps)), "each epoch logged as it ended, not in bursts"
