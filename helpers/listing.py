@@ -14,7 +14,7 @@ from minio.error import S3Error
 from PIL import Image
 
 from helpers.config import ParameterError, check_count
-from helpers.storage import (MalformedKeyError, StorageError, bucket_not_found, endpoint_of, get_client,
+from helpers.storage import (StorageError, bucket_not_found, endpoint_of, get_client, image_keys,
                              object_store_errors, read_object, smoke_sizes)
 from helpers.upload import MANIFEST_KEY, SPLITS
 
@@ -26,22 +26,17 @@ def get_object_list(bucket: str = "mnist", client: Minio | None = None) -> list[
         return [obj.object_name for obj in client.list_objects(bucket, recursive=True)]
 
 
-def split_train_test(objects) -> tuple[list[str], list[int], list[str], list[int]]:
-    """Split keys into ``X_train, y_train, X_test, y_test`` from each key's path (notebook 02).
+def split_train_test(objects, bucket: str = "") -> tuple[list[str], list[int], list[str], list[int]]:
+    """Split image keys into ``X_train, y_train, X_test, y_test`` by each key's path (notebook 02).
 
-    Raises:
-        MalformedKeyError: a ``train/``/``test/`` key is not ``<split>/<label 0-9>/<id>.<ext>``.
+    ``train/5/00000.png`` is a training image of a 5. Keys that are not images of the data set (a stray
+    ``train/notes.txt``, a folder marker ``train/x/``) are left out, and named once (``image_keys``).
     """
     out: dict[str, tuple[list[str], list[int]]] = {"train": ([], []), "test": ([], [])}
-    for key in objects:
-        parts = key.split("/")
-        if parts[0] not in out:
-            continue
-        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) > 9 or "." not in parts[2]:
-            raise MalformedKeyError(f"Malformed object key {key!r}: expected '<train|test>/<label 0-9>/<id>.<ext>'. "
-                                    "Remove or rename that object.")
-        out[parts[0]][0].append(key)
-        out[parts[0]][1].append(int(parts[1]))
+    for key in image_keys(objects, bucket):
+        split, label, _ = key.split("/")  # the label is a path segment: never read it by character position
+        out[split][0].append(key)
+        out[split][1].append(int(label))
     (x_train, y_train), (x_test, y_test) = out["train"], out["test"]
     return x_train, y_train, x_test, y_test
 
@@ -56,10 +51,7 @@ def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, ma
     """Data keys listed by label prefix (``train/0/`` ... ``test/9/``), 20 listings at once (notebook 02).
 
     Two more listings, one level deep under ``train/`` and ``test/``, find what the label
-    prefixes cannot see (an object or folder that is not a label 0-9).
-
-    Raises:
-        MalformedKeyError: something under ``train/`` or ``test/`` is not in a label folder.
+    prefixes cannot see (an object or folder that is not a label 0-9), which is named once and left out.
     """
     check_count("max_workers", max_workers, 256)
     client = client or get_client(max_connections=max_workers)
@@ -72,9 +64,8 @@ def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, ma
     with object_store_errors(client, bucket):
         strays = [o.object_name for split in SPLITS for o in client.list_objects(bucket, prefix=f"{split}/")
                   if o.object_name not in prefixes]
-    if strays:
-        raise MalformedKeyError(f"Malformed object key {strays[0]!r}: expected '<train|test>/<label 0-9>/<id>.<ext>'. "
-                                "Remove or rename that object.")
+    image_keys([key for stray in strays for key in (list_prefix(stray) if stray.endswith("/") else [stray])],
+               bucket)  # says what is left out
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         return [key for keys in pool.map(list_prefix, prefixes) for key in keys]
 
@@ -162,7 +153,7 @@ def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing
     with object_store_errors(client, bucket):
         if not client.bucket_exists(bucket):
             raise bucket_not_found(endpoint_of(client), bucket)
-    x_train, y_train, x_test, y_test = split_train_test(LISTINGS[listing](bucket, client=client))
+    x_train, y_train, x_test, y_test = split_train_test(LISTINGS[listing](bucket, client=client), bucket)
     if smoke_test_size:
         x_train, y_train = smoke_subset(x_train, y_train, n_train)
         x_test, y_test = smoke_subset(x_test, y_test, n_test)

@@ -13,7 +13,7 @@ import contextlib
 import ipaddress
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import urllib3
@@ -41,10 +41,6 @@ class BucketNotFound(StorageError):
     """The bucket does not exist."""
 
 
-class MalformedKeyError(StorageError, ValueError):
-    """An object under ``train/`` or ``test/`` does not follow ``<split>/<label>/<id>.<ext>``."""
-
-
 class ObjectDecodeError(StorageError):
     """An object could not be fetched or decoded; the message names its key."""
 
@@ -56,6 +52,39 @@ class ObjectMissing(StorageError):
 # What to do about an object that is not the image it should be.
 REPAIR_HINT = ("Repair it: run helpers.upload.upload_mnist(bucket, smoke_test_size) again (notebook 01), which "
                "re-uploads every object that differs from MNIST, or delete the object.")
+
+# The data keys: train/5/00000.png. Anything else under train/ or test/ is not an image of the data set.
+IMAGE_KEY = re.compile(r"(train|test)/[0-9]/[^/]+\.(png|jpeg)")
+IMAGE_KEY_SHAPE = "<train|test>/<label 0-9>/<id>.<png|jpeg>"
+_reported_strays: set[tuple[str, str]] = set()
+
+
+def image_keys(keys: Iterable[str], bucket: str = "") -> list[str]:
+    """The keys of ``keys`` that are data set images (``train/5/00000.png``), in their order (notebooks 01-06).
+
+    A key ending in ``/`` is a folder marker that some stores leave behind (an empty object), not an
+    object: it is dropped. Any other key under ``train/`` or ``test/`` that is not an image key (a
+    ``train/notes.txt`` someone dropped in) is left out too, and named once, with the fix, the first
+    time this process sees it. Keys outside ``train/`` and ``test/`` (the manifest, packed shards,
+    checkpoints) are not data and pass unnoticed.
+    """
+    images, strays = [], []
+    for key in keys:
+        if IMAGE_KEY.fullmatch(key):
+            images.append(key)
+        elif not key.endswith("/") and key.split("/", 1)[0] in ("train", "test"):
+            strays.append(key)
+    new = [key for key in strays if (bucket, key) not in _reported_strays]
+    if new:
+        _reported_strays.update((bucket, key) for key in new)
+        many = len(new) > 1
+        names = ", ".join(repr(key) for key in new[:3]) + (f" and {len(new) - 3} more" if len(new) > 3 else "")
+        where = f" in bucket '{bucket}'" if bucket else ""
+        print(f"Skipped {len(new)} object{'s' * many}{where} that {'are' if many else 'is'} not "
+              f"{'images' if many else 'an image'} of the data set: {names}. Data keys are {IMAGE_KEY_SHAPE}; "
+              f"move or delete {'them' if many else 'it'} to silence this.")
+    return images
+
 
 # Buckets the tutorial's own state lives in: deleting one needs force=True.
 PROTECTED_BUCKETS = frozenset({"mnist", "mlflow", "lakefs"})

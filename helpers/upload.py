@@ -20,8 +20,8 @@ from PIL import Image
 from helpers.config import ParameterError, check_count
 from helpers.mnist import load_mnist
 from helpers.notebook import progress_bar
-from helpers.storage import (StorageError, check_bucket_name, ensure_bucket, get_client, object_store_errors,
-                             smoke_sizes, translate_error)
+from helpers.storage import (StorageError, check_bucket_name, ensure_bucket, get_client, image_keys,
+                             object_store_errors, smoke_sizes, translate_error)
 
 
 def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
@@ -109,10 +109,14 @@ def existing_keys(client: Minio, bucket: str) -> set[str]:
 
 
 def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
-    """``{key: (size, ETag)}`` of every data object in the bucket (the listing carries both: no GET)."""
+    """``{key: (size, ETag)}`` of every image in the bucket (the listing carries both: no GET).
+
+    Only image keys count (:func:`helpers.storage.image_keys`): a stray ``train/notes.txt`` is named and left alone.
+    """
     with object_store_errors(client, bucket):
-        return {obj.object_name: (obj.size, (obj.etag or "").strip('"')) for split in SPLITS
-                for obj in client.list_objects(bucket, prefix=f"{split}/", recursive=True)}
+        listed = {obj.object_name: (obj.size, (obj.etag or "").strip('"')) for split in SPLITS
+                  for obj in client.list_objects(bucket, prefix=f"{split}/", recursive=True)}
+    return {key: listed[key] for key in image_keys(listed, bucket)}
 
 
 @dataclass(frozen=True)

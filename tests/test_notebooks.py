@@ -284,3 +284,31 @@ def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bu
     assert any(o["output_type"] == "error" for o in code[0]["outputs"]), "it stops at its first cell"
     message = json.dumps(errors[0])
     assert "docker compose up" in message and "Traceback" not in message and len(message) < 1500
+
+
+@pytest.fixture(scope="module")
+def stray_bucket(client):
+    """A smoke bucket with a README someone dropped into train/ next to the images."""
+    import io
+
+    from conftest import uploaded_bucket
+
+    with uploaded_bucket(client, "stray", 60) as name:
+        client.put_object(name, "train/notes.txt", io.BytesIO(b"read me first"), 13)
+        yield name
+
+
+@pytest.mark.parametrize("name, parameters", [
+    ("02", {}),
+    ("03", {"batch_size": 40}),
+    ("04", {"epochs": 1, "hidden_sizes": [16]}),
+    ("05", {"num_samples": 1, "epochs": 1}),
+])
+def test_a_stray_object_in_the_bucket_is_named_and_the_notebook_runs(stray_bucket, tmp_path, name, parameters):
+    notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / notebook.name, {"bucket": stray_bucket, "smoke_test_size": 60,
+                                                                 **parameters})
+    assert result.status == "ok", result.message
+    said = json.dumps([c.get("outputs", []) for c in json.loads(result.output.read_text())["cells"]])
+    assert "Skipped 1 object in bucket" in said and "'train/notes.txt'" in said
+    assert "txt images" not in said and "image_format='txt'" not in said

@@ -115,11 +115,19 @@ def test_split_parses_labels_by_path_segment_not_position():
     assert listing.split_train_test(objects) == (["train/7/a.png"], [7], ["test/3/b.jpeg"], [3])
 
 
-@pytest.mark.parametrize("key", ["train/abc.png", "train/x/1.png", "test/12/1.png", "train/1/noext", "test/1/2/3.png"])
-def test_malformed_keys_are_rejected_by_name(key):
-    with pytest.raises(storage.MalformedKeyError) as err:
-        listing.split_train_test(["train/1/ok.png", key])
-    assert repr(key) in str(err.value)
+@pytest.mark.parametrize("key", ["train/abc.png", "train/x/1.png", "test/12/1.png", "train/1/noext", "test/1/2/3.png",
+                                 "train/notes.txt", "train/5/readme.md"])
+def test_a_key_that_is_not_an_image_is_left_out_and_named_once(key, capsys):
+    assert listing.split_train_test(["train/1/ok.png", key], "b") == (["train/1/ok.png"], [1], [], [])
+    said = capsys.readouterr().out
+    assert said.count(repr(key)) == 1 and "Data keys are <train|test>/<label 0-9>/<id>.<png|jpeg>" in said
+    listing.split_train_test(["train/1/ok.png", key], "b")
+    assert capsys.readouterr().out == "", "said once"
+
+
+def test_a_folder_marker_is_a_folder_not_an_object(capsys):
+    assert listing.split_train_test(["train/x/", "train/1/ok.png", "test/"]) == (["train/1/ok.png"], [1], [], [])
+    assert capsys.readouterr().out == ""
 
 
 @pytest.mark.parametrize("size", [-1, 60_001, 1.5, True, "10"])
@@ -280,11 +288,38 @@ def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
 
 
 @pytest.mark.parametrize("key", ["train/stray.png", "test/x/00001.png"])
-def test_the_parallel_listing_finds_keys_outside_the_label_folders(client, uploaded, key):
+def test_the_parallel_listing_names_keys_outside_the_label_folders(client, uploaded, key, capsys):
     bucket, _ = uploaded
     client.put_object(bucket, key, io.BytesIO(b"x"), 1)
-    with pytest.raises(storage.MalformedKeyError, match=key.rsplit("/", 1)[0]):
-        listing.list_objects_parallel(bucket, client=client)
+    assert len(listing.list_objects_parallel(bucket, client=client)) == 140
+    assert repr(key) in capsys.readouterr().out
+
+
+def test_a_stray_object_never_poisons_the_bucket(client, uploaded, capsys):
+    """A README someone dropped into train/: every listing and the next upload leave it out and name it."""
+    bucket, _ = uploaded
+    client.put_object(bucket, "train/notes.txt", io.BytesIO(b"read me"), 7)
+    again = upload.upload_mnist(bucket, SMOKE, client=client, progress=False)  # no "txt images" refusal
+    assert (again.uploaded, again.skipped) == (0, 140)
+    for method in ("recursive", "parallel", "manifest"):
+        x_train, _, x_test, _, _ = listing.get_train_test_data(bucket, listing=method, client=client)
+        assert (len(x_train), len(x_test)) == (120, 20), method
+    said = capsys.readouterr().out
+    assert said.count("'train/notes.txt'") == 1 and "txt" not in said.replace("notes.txt", "")
+    with pytest.raises(ParameterError, match="already holds png images"):  # the real mix is still refused
+        upload.upload_mnist(bucket, SMOKE, image_format="jpeg", client=client, progress=False)
+
+
+def test_a_folder_marker_left_by_a_deleted_object_is_not_an_object(client, uploaded, capsys):
+    bucket, _ = uploaded
+    client.put_object(bucket, "train/x/notes.txt", io.BytesIO(b"x"), 1)
+    client.remove_object(bucket, "train/x/notes.txt")
+    client.put_object(bucket, "train/y/", io.BytesIO(b""), 0)  # a marker, as some stores and tools leave them
+    assert "train/y/" in listing.get_object_list(bucket, client=client)
+    for method in ("recursive", "parallel"):
+        x_train, _, _, _, _ = listing.get_train_test_data(bucket, listing=method, client=client)
+        assert len(x_train) == 120, method
+    assert "train/y/" not in capsys.readouterr().out
 
 
 def test_a_damaged_manifest_or_append_marker_is_named_with_the_fix(client, uploaded):
