@@ -95,6 +95,20 @@ def inherited_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
+def data_context_defaults() -> None:
+    """Ray Data settings every notebook wants, in this driver's ``DataContext``."""
+    import ray.data
+
+    ctx = ray.data.DataContext.get_current()
+    # A map function's own error (an object that is not an image, say) reaches the driver as itself,
+    # not wrapped in "UDF failed to process a data block": the notebooks show it in one line.
+    ctx.raise_original_map_exception = True
+    # An actor pool starts all its actors before it hands out batches, so the batches spread over every
+    # actor (by default the first actor up takes them all while the others start: one pid at smoke size).
+    # A cluster that cannot fit the pool fails after this many seconds instead of waiting for ever.
+    ctx.wait_for_min_actors_s = 120
+
+
 def quiet_ray() -> None:
     """Keep Ray's log lines, Ray Data's progress bars and execution banners out of notebook outputs."""
     import ray.data
@@ -297,15 +311,7 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
             ignore_reinit_error=True,
         )
     timings.record("ray start", started)
-    import ray.data
-
-    # A map function's own error (an object that is not an image, say) reaches the driver as itself,
-    # not wrapped in "UDF failed to process a data block": the notebooks show it in one line.
-    ray.data.DataContext.get_current().raise_original_map_exception = True
-    # An actor pool starts all its actors before it hands out batches, so the batches spread over every
-    # actor (by default the first actor up takes them all while the others start: one pid at smoke size).
-    # A cluster that cannot fit the pool fails after this many seconds instead of waiting for ever.
-    ray.data.DataContext.get_current().wait_for_min_actors_s = 120
+    data_context_defaults()
     if quiet:
         quiet_ray()
     return ray.cluster_resources()

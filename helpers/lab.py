@@ -264,14 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_parent()
         claim_state(state)
         token = secrets.token_hex(16)
+        log_path = state / "logs" / "jupyterlab.log"
         if not args.no_jupyter:  # first: a JupyterLab that cannot start costs no Ray restart
-            as_root = hasattr(os, "geteuid") and os.geteuid() == 0
-            if as_root:
-                print("Running as root: JupyterLab starts with --allow-root (it refuses root otherwise).")
-            log_path = state / "logs" / "jupyterlab.log"
-            notebook_dir = (args.notebook_dir or project_root() / "notebooks").resolve()
-            jupyter = start_jupyter(jupyter_command(args.jupyter_port, token, notebook_dir, as_root), log_path, state)
-            wait_until_answers(jupyter, args.jupyter_port, log_path)
+            jupyter = jupyter_answering(args.jupyter_port, token, args.notebook_dir, log_path, state)
         dashboard = sign_in = None
         if load_settings().ray_address:
             settings = stack.ensure_stack()
@@ -295,21 +290,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        for sig in STOP_SIGNALS:  # let the clean-up finish
-            signal.signal(sig, signal.SIG_IGN)
-        if jupyter is not None:
-            stop_process(jupyter)
-            (state / f"{JUPYTER_RECORD}.pid").unlink(missing_ok=True)
-        if sign_in_server is not None:
-            sign_in_server.shutdown()
-        if restore:
-            try:
-                restore_stack_ray(state)
-            except stack.StackError as err:
-                print(f"error: the stack's Ray did not start again: {err}", file=sys.stderr)
-        recorded = stack.remembered_process(state, LAB_RECORD)
-        if recorded is not None and recorded.pid == os.getpid():
-            (state / f"{LAB_RECORD}.pid").unlink(missing_ok=True)
+        clean_up(state, jupyter, sign_in_server, restore)
+
+
+def jupyter_answering(port: int, token: str, notebook_dir: Path | None, log_path: Path,
+                      state: Path) -> subprocess.Popen:
+    """JupyterLab started (``--allow-root`` for root, said in one line) and answering on ``port``."""
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if as_root:
+        print("Running as root: JupyterLab starts with --allow-root (it refuses root otherwise).")
+    folder = (notebook_dir or project_root() / "notebooks").resolve()
+    jupyter = start_jupyter(jupyter_command(port, token, folder, as_root), log_path, state)
+    wait_until_answers(jupyter, port, log_path)
+    return jupyter
+
+
+def clean_up(state: Path, jupyter: subprocess.Popen | None, sign_in_server: ThreadingHTTPServer | None,
+             restore: bool) -> None:
+    """Stop what the lab started and put the stack's Ray back, whatever ended the lab; no signal cuts it short."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if jupyter is not None:
+        stop_process(jupyter)
+        (state / f"{JUPYTER_RECORD}.pid").unlink(missing_ok=True)
+    if sign_in_server is not None:
+        sign_in_server.shutdown()
+    if restore:
+        try:
+            restore_stack_ray(state)
+        except stack.StackError as err:
+            print(f"error: the stack's Ray did not start again: {err}", file=sys.stderr)
+    recorded = stack.remembered_process(state, LAB_RECORD)
+    if recorded is not None and recorded.pid == os.getpid():
+        (state / f"{LAB_RECORD}.pid").unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,147 @@
+"""Every notebook's parameters, declared here by type and range and checked in one call (notebooks 01-06).
+
+Each notebook's first code cell after its ``parameters`` cell calls :func:`check_parameters`, so a bad
+value stops the notebook before any work, in one :class:`~helpers.config.ParameterError` that names the
+parameter, instead of a library's error about a name the learner never set (Ray's ``parallelism``, say).
+
+papermill passes ``-p name value`` as text unless the value reads as a number or a boolean: a list
+given with ``-p`` arrives as a string, and the message for it says to use ``-y`` (YAML) instead.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+
+from helpers.config import ParameterError, check_count, check_fraction, check_positive
+
+Check = Callable[[str, object], None]
+
+
+def count(maximum: int, minimum: int = 1) -> Check:
+    """A whole number in ``[minimum, maximum]``."""
+
+    def check(name: str, value: object) -> None:
+        check_count(name, value, maximum, minimum)
+
+    return check
+
+
+def positive(maximum: float | None = None) -> Check:
+    """A number above 0 (at most ``maximum``)."""
+
+    def check(name: str, value: object) -> None:
+        check_positive(name, value, maximum)
+
+    return check
+
+
+def fraction(name: str, value: object) -> None:
+    """A number from 0 up to (not including) 1."""
+    check_fraction(name, value)
+
+
+def flag(name: str, value: object) -> None:
+    """True or False (papermill's ``-p name True`` gives a boolean)."""
+    if not isinstance(value, bool):
+        raise ParameterError(f"{name} must be True or False, not {value!r}.")
+
+
+def one_of(*choices: object) -> Check:
+    """One of ``choices``."""
+
+    def check(name: str, value: object) -> None:
+        if value not in choices:
+            raise ParameterError(f"{name} must be one of {', '.join(map(repr, choices))}, not {value!r}.")
+
+    return check
+
+
+def optional(inner: Check) -> Check:
+    """None, or what ``inner`` accepts."""
+    return lambda name, value: None if value is None else inner(name, value)
+
+
+def text(name: str, value: object) -> None:
+    """A non-empty name (an MLflow experiment, say)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ParameterError(f"{name} must be a non-empty name, not {value!r}.")
+
+
+def list_of(each: Check, example: str) -> Check:
+    """A non-empty list whose every item ``each`` accepts; ``example`` shows one in the message."""
+
+    def check(name: str, value: object) -> None:
+        if isinstance(value, str):
+            raise ParameterError(
+                f"{name} must be a list such as {example}, not the text {value!r}: papermill's -p passes lists as "
+                f"text. Give it as YAML with -y, e.g. papermill in.ipynb out.ipynb -y '{name}: {example}'.")
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ParameterError(f"{name} must be a non-empty list such as {example}, not {value!r}.")
+        for item in value:
+            each(f"each of {name}", item)
+
+    return check
+
+
+def bucket(name: str, value: object) -> None:
+    """An S3 bucket name."""
+    from helpers.storage import check_bucket_name
+
+    check_bucket_name(value)
+
+
+def smoke_size(name: str, value: object) -> None:
+    """0 (all of MNIST) or a number of training images."""
+    from helpers.storage import smoke_sizes
+
+    smoke_sizes(value)  # type: ignore[arg-type]
+
+
+def repository(name: str, value: object) -> None:
+    """A lakeFS repository name."""
+    from helpers.versioning import check_repository_name
+
+    check_repository_name(value)
+
+
+def seed(name: str, value: object) -> None:
+    """A random seed: a whole number from 0."""
+    check_count(name, value, 2**32 - 1, minimum=0)
+
+
+def tolerance(name: str, value: object) -> None:
+    """A difference of accuracies: a number from 0 up to 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not 0 <= value < 1:
+        raise ParameterError(f"{name} must be a number from 0 up to (not including) 1, not {value!r}.")
+
+
+COMMON = {"bucket": bucket, "smoke_test_size": smoke_size}
+PARAMETERS: dict[str, dict[str, Check]] = {
+    "01": {**COMMON, "image_format": one_of("png", "jpeg", "jpg"), "append": flag, "max_workers": count(256)},
+    "02": {**COMMON},
+    "03": {**COMMON, "batch_size": count(100_000), "num_actors": count(1024), "threads_per_actor": count(256),
+           "num_blocks": optional(count(100_000))},
+    "04": {**COMMON, "epochs": count(10_000), "lr": positive(10.0), "momentum": fraction,
+           "hidden_sizes": list_of(count(100_000), "[128, 64]"), "batch_size_per_worker": count(100_000),
+           "checkpoint_every": count(10_000), "cache_shard": flag, "num_workers": count(1024), "use_gpu": flag,
+           "fail_at_epoch": optional(count(10_000)), "experiment": text},
+    "05": {**COMMON, "num_samples": count(10_000), "max_concurrent_trials": count(1024),
+           "searcher": one_of("hyperopt", "optuna"), "scheduler": optional(one_of("asha")),
+           "epochs": count(10_000), "seed": seed, "num_workers": count(1024, minimum=0), "experiment": text},
+    "06": {**COMMON, "repo_name": repository, "optimizers": list_of(one_of("sgd", "adam"), '["sgd", "adam"]'),
+           "epochs": list_of(count(10_000), "[1, 3]"), "tolerance": tolerance},
+}
+
+
+def check_parameters(notebook: str, values: Mapping[str, object]) -> None:
+    """Check the parameters of notebook ``notebook`` (``"04"``) found in ``values`` (its ``globals()``).
+
+    Raises:
+        ParameterError: the first parameter with a value outside its declared type or range, by name.
+    """
+    for name, check in PARAMETERS[notebook].items():
+        if name in values:
+            check(name, values[name])
