@@ -180,14 +180,38 @@ def _parse_bool(name: str, raw: str) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean: use true or false.")
 
 
-def _credentials_json(path: Path) -> dict[str, str]:
-    """Read the original article's credentials.json shape into our variable names."""
-    if not path.is_file():
+def credentials_file(root: Path) -> Path | None:
+    """The original articles' ``credentials.json``, or None where there is none.
+
+    It is looked for next to the notebook that runs (a notebook's folder is its working directory),
+    then in the project root.
+    """
+    try:
+        folders = [Path.cwd(), root]
+    except OSError:  # a working directory that was deleted
+        folders = [root]
+    for folder in dict.fromkeys(folders):
+        if (folder / "credentials.json").is_file():
+            return folder / "credentials.json"
+    return None
+
+
+def _credentials_json(path: Path | None, root: Path) -> dict[str, str]:
+    """Read the original article's credentials.json shape into our variable names.
+
+    Raises:
+        ConfigError: the file is not valid JSON (the message names it, with the line and column).
+    """
+    if path is None:
         return {}
+    shown = path.relative_to(root) if path.is_relative_to(root) else path
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{path.name} is not valid JSON ({err.msg}); fix or delete it.") from None
+        raise ConfigError(f"{shown} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno}); fix it, "
+                          "or delete it to use the embedded stack.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{shown} must hold a JSON object with url, accessKey and secretKey; fix or delete it.")
     mapping = {"url": "MINIO_URL", "accessKey": "MINIO_ACCESS_KEY", "secretKey": "MINIO_SECRET_ACCESS_KEY"}
     return {env: str(data[key]) for key, env in mapping.items() if data.get(key)}
 
@@ -222,7 +246,7 @@ def load_settings(
     layers = [
         ("environment", dict(environ)),
         (".env", _read_env_file(root / ".env")),
-        ("credentials.json", _credentials_json(root / "credentials.json")),
+        ("credentials.json", _credentials_json(credentials_file(root), root)),
         ("stack", _read_env_file(stack_state / STATE_FILE_NAME)),
     ]
     values: dict[str, object] = {}

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -70,5 +71,31 @@ def test_missing_object_store_names_the_fix():
 
 def test_bad_credentials_json_is_one_clear_error(root):
     (root / "credentials.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="credentials.json"):
+    with pytest.raises(ConfigError, match="credentials.json is not valid JSON .*: line 1 column 2"):
         load(root)
+
+
+def test_credentials_json_next_to_the_notebook_is_read_and_a_truncated_one_named(root, tmp_path, monkeypatch):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    monkeypatch.chdir(notebooks)  # a notebook runs in its own folder
+    (notebooks / "credentials.json").write_text(json.dumps({"url": "nb-host:9000", "accessKey": "k", "secretKey": "s"}))
+    settings = load(root)
+    assert settings.s3_endpoint == "nb-host:9000" and settings.sources["s3_endpoint"] == "credentials.json:MINIO_URL"
+    (notebooks / "credentials.json").write_text('{"url": "nb-host:9000",\n "accessKey": "k", "secr')  # cut short
+    with pytest.raises(ConfigError) as err:
+        load(root)
+    assert str(err.value).startswith("notebooks/credentials.json is not valid JSON")  # named from the project root
+    assert "line 2 column" in str(err.value) and "delete it to use the embedded stack" in str(err.value)
+
+
+def test_a_notebook_with_a_truncated_credentials_json_beside_it_stops_in_one_line(tmp_path):
+    import shutil
+
+    from helpers import runner
+
+    notebook = shutil.copy(runner.notebook_paths(pattern="02_*.ipynb")[0], tmp_path)
+    (tmp_path / "credentials.json").write_text('{"url": "http://127.0.0.1:9000", "accessKey": ')
+    result = runner.execute(Path(notebook), tmp_path / "out.ipynb")
+    assert result.status == "failed", result.message
+    assert result.message.startswith(f"ConfigError: {tmp_path / 'credentials.json'} is not valid JSON")
