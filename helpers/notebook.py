@@ -17,7 +17,7 @@ from helpers import timings
 from helpers.config import ConfigError, ParameterError
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
-from helpers.storage import REPAIR_HINT, ObjectDecodeError, StorageError
+from helpers.storage import REPAIR_HINT, ObjectDecodeError, StorageError, outage_during
 from helpers.tracking import TrackingUnavailable, bounded_requests
 from helpers.versioning import LakeFSError
 
@@ -90,8 +90,8 @@ def setup(quiet: bool = True) -> None:
             return
         shell.showtraceback((type(error), error, None), exception_only=True)
 
-    # ValueError too: Ray's read_images reports an object that is not an image as one (see user_error).
-    shell.set_custom_exc((*USER_ERRORS, ValueError), one_line)
+    # Every error passes here; those user_error() does not recognise keep their whole traceback.
+    shell.set_custom_exc((Exception,), one_line)
 
 
 _UNREADABLE_IMAGE = re.compile(r"couldn't load image file at path '([^']+)'")
@@ -105,6 +105,9 @@ def user_error(value: BaseException) -> BaseException:
     ``.cause`` is the original, whose first line names the object and the fix (Ray Data appends
     its retry advice below it).
     """
+    outage = outage_during(value)
+    if outage is not None:  # a Ray Train run whose workers lost the object store: one line, not 70
+        return outage
     cause = getattr(value, "cause", None)
     unreadable = _UNREADABLE_IMAGE.search(str(cause)) if isinstance(cause, ValueError) else None
     if unreadable:  # ray.data.read_images: "PIL couldn't load image file at path '<bucket>/<key>'"

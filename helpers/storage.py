@@ -86,6 +86,27 @@ def image_keys(keys: Iterable[str], bucket: str = "") -> list[str]:
     return images
 
 
+# What pyarrow's S3 client (Ray Train's checkpoints, Ray Data's readers) says when nothing answers.
+_NO_CONNECTION = re.compile(r"AWS Error NETWORK_CONNECTION|curlCode: 7|Could not connect to server")
+_WHERE = re.compile(r"Failed to connect to (\S+) port (\d+)")
+
+
+def outage_during(error: BaseException, doing: str = "training") -> ObjectStoreUnreachable | None:
+    """The one-line error for a Ray run that failed because the object store stopped answering, else None.
+
+    Ray Train reports a worker's failed checkpoint upload as a ``WorkerGroupError`` holding the worker's
+    whole traceback, which ends in pyarrow's ``AWS Error NETWORK_CONNECTION``.
+    """
+    text = str(error)
+    if not _NO_CONNECTION.search(text):
+        return None
+    where = _WHERE.search(text)
+    endpoint = f"http://{where.group(1)}:{where.group(2)}" if where else "the configured endpoint"
+    return ObjectStoreUnreachable(
+        f"The object store at {endpoint} stopped answering during {doing}. Start it again (`python -m "
+        "helpers.stack up`), then run the cells again: the run resumes from its last checkpoint in the bucket.")
+
+
 # Buckets the tutorial's own state lives in: deleting one needs force=True.
 PROTECTED_BUCKETS = frozenset({"mnist", "mlflow", "lakefs"})
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

@@ -7,6 +7,7 @@ and no learner has to read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import urllib.error
@@ -58,14 +59,52 @@ def end_status(error: BaseException | None) -> str:
     return "FAILED" if isinstance(error, Exception) else "KILLED"
 
 
+RESUMABLE_TAG = "resume_after_outage"  # on a run an object-store outage stopped: the next one resumes it
+
+
+def mark_resumable(client, run_id: str, error: BaseException) -> None:
+    """Tag run ``run_id`` :data:`RESUMABLE_TAG` when an object-store outage stopped it, for :func:`interrupted_run`."""
+    from helpers.storage import outage_during
+
+    if outage_during(error) is not None:
+        with contextlib.suppress(Exception):  # tracking gone too: the run just starts over next time
+            client.set_tag(run_id, RESUMABLE_TAG, "true")
+
+
 def end_run(client, run_id: str | None, error: BaseException | None = None) -> None:
-    """Mark run ``run_id`` ended with :func:`end_status`; a tracking outage here is ignored (said elsewhere)."""
+    """Mark run ``run_id`` ended with :func:`end_status` (and :func:`mark_resumable`).
+
+    A tracking outage here is ignored: it is said elsewhere, and must not hide the error that ended the run.
+    """
     if client is None or not run_id:
         return
     try:
+        if error is not None:
+            mark_resumable(client, run_id, error)
         client.set_terminated(run_id, status=end_status(error))
     except Exception:  # noqa: BLE001, S110 - ending a run must never hide the error that ended it
         pass
+
+
+def interrupted_run(client, experiment: str, params: Mapping[str, Any]):
+    """The latest run of ``experiment`` that an object-store outage stopped, logged with these ``params``; else None.
+
+    Starting it again under the same run name makes Ray Train restore its last checkpoint from the bucket,
+    and logging into the same MLflow run keeps each epoch in it once.
+    """
+    wanted = {param.key: param.value for param in as_params(params)}
+    runs = client.search_runs([experiment], filter_string=f"tags.{RESUMABLE_TAG} = 'true'",
+                              order_by=["attributes.start_time DESC"], max_results=20)
+    return next((run for run in runs if run.data.params == wanted), None)
+
+
+def resume_run(client, run) -> tuple[str, str]:
+    """Reopen ``run`` (from :func:`interrupted_run`): ``(run_id, run_name)``, with one line saying so."""
+    client.delete_tag(run.info.run_id, RESUMABLE_TAG)
+    client.update_run(run.info.run_id, status="RUNNING")
+    print(f"Resuming {run.info.run_name}, which an object-store outage stopped: Ray Train restores its last "
+          "checkpoint from the bucket, and its MLflow run goes on.")
+    return run.info.run_id, run.info.run_name
 
 
 class TrackingUnavailable(RuntimeError):

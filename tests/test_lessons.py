@@ -124,8 +124,9 @@ def test_helpers_stay_thin_plumbing():
     # plumbing only: configuration, the embedded stack (with its lock, private state files and process
     # groups), the stack's Ray, lakeFS fetching, `make lab` (JupyterLab as root or not, the dashboard's sign-in,
     # its clean-up on every signal), the bounded check of RAY_ADDRESS, every notebook's declared parameters,
-    # the runner, plots, bounded tracking, the benchmark's spans
-    assert lines <= 3500, f"hand-written helpers hold {lines} lines"
+    # which keys are images, the outage that stops a training run and its resume, the runner, plots, bounded
+    # tracking, the benchmark's spans
+    assert lines <= 3700, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -328,3 +328,85 @@ def test_bad_worker_counts_and_a_gpu_that_is_not_there(settings):
             training.make_trainer(PARAMS, {}, workers, "x", "b/p")
     with pytest.raises(training.ParameterError, match="use_gpu=True needs 2 GPUs.*this Ray has 0"):
         training.make_trainer(PARAMS, {}, 2, "x", "b/p", use_gpu=True)  # Ray would wait for ever
+
+
+@pytest.mark.timeout(500)
+def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_from_the_last_checkpoint(
+        settings, train_bucket, tmp_path):
+    """The store that holds the checkpoints dies while notebook 04's fit runs, then comes back.
+
+    The fit ends in one line naming the store and the fix; the same cells run again reopen the stopped
+    run, Ray Train restores its last checkpoint from the bucket, and MLflow holds every epoch once.
+    """
+    import threading
+    import time
+
+    from helpers import notebook, stack
+    from helpers.config import load_settings
+
+    state = tmp_path / "store"
+    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
+             with_ray=False)
+    try:
+        private = load_settings(environ={}, stack_state=state)  # the checkpoints' store; the data stays in memory
+        storage.ensure_bucket(storage.get_client(private), "ckpt")
+        resources = cluster.init_ray(settings)
+        train_ds, _ = preprocess.load_datasets(train_bucket, SMOKE, settings)
+        client = MlflowClient(settings.mlflow_tracking_uri)
+        experiment = tracking.experiment_id(client, f"tests-store-outage-{uuid.uuid4().hex[:6]}")
+        params = {**PARAMS, "epochs": 60, "checkpoint_every": 2}
+        logged = {**params, "num_workers": 2}
+
+        def fit_like_notebook_04():
+            """Notebook 04's cells: reopen an interrupted run or create one, then make_trainer and fit."""
+            interrupted = tracking.interrupted_run(client, experiment, logged)
+            if interrupted:
+                run_id, run_name = tracking.resume_run(client, interrupted)
+            else:
+                run_name = training.unique_run_name("outage")
+                run_id = client.create_run(experiment, run_name=run_name).info.run_id
+                client.log_batch(run_id, params=tracking.as_params(logged))
+            config = {**params, "tracking_uri": settings.mlflow_tracking_uri, "run_id": run_id}
+            trainer = training.make_trainer(config, {"train": train_ds}, 2, run_name, "ckpt/ray-results",
+                                            cluster_cpus=resources["CPU"], settings=private)
+            try:
+                with training.interrupt_handler_restored():
+                    return run_id, trainer.fit()
+            except BaseException as error:
+                tracking.mark_resumable(client, run_id, error)
+                client.set_terminated(run_id, status=tracking.end_status(error))
+                raise
+
+        def kill_after_epoch_five() -> None:  # a checkpoint (epoch 4) is in the bucket by then
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                runs = client.search_runs([experiment])
+                if runs and any(m.step >= 5 for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
+                    stack.kill_service("seaweedfs", state)
+                    return
+                time.sleep(0.1)
+
+        watcher = threading.Thread(target=kill_after_epoch_five, daemon=True)
+        watcher.start()
+        with pytest.raises(Exception) as failed:
+            fit_like_notebook_04()
+        watcher.join(timeout=5)
+        assert notebook.user_error_line(failed.value) == (
+            f"ObjectStoreUnreachable: The object store at {private.s3_url} stopped answering during training. "
+            "Start it again (`python -m helpers.stack up`), then run the cells again: the run resumes from its "
+            "last checkpoint in the bucket.")
+        stopped = client.search_runs([experiment])[0]
+        assert stopped.info.status == "FAILED" and stopped.data.tags[tracking.RESUMABLE_TAG] == "true"
+
+        stack.up(state, with_mlflow=False, with_lakefs=False, with_ray=False)  # the store is back
+        run_id, result = fit_like_notebook_04()
+        assert run_id == stopped.info.run_id, "the stopped run was reopened, not a new one started"
+        _, saved = training.load_checkpoint(result.checkpoint)
+        resumed = [row["epoch"] for row in saved["history"] if row.get("resumed_from_here")]
+        assert resumed and resumed[-1] >= 4 and resumed[-1] % 2 == 0, "resumed from a checkpoint, not from scratch"
+        assert [row["epoch"] for row in saved["history"]] == list(range(1, 61))
+        steps = [step for step, _ in tracking.metric_history(settings.mlflow_tracking_uri, run_id, "train_loss")]
+        assert steps == list(range(1, 61)), "every epoch logged once across the outage"
+        assert client.get_run(run_id).info.status == "RUNNING"  # the notebook's later cells end it
+    finally:
+        stack.down(state)
