@@ -37,6 +37,7 @@ reset: $(STAMP)  ## stop the embedded stack and delete its data (buckets, MLflow
 	rm -rf .stack runs
 
 catch-up: $(STAMP)  ## run the notebooks before NN headlessly (make catch-up NN=04), to join a workshop there
+	@test -n "$(NN)" || { echo "make catch-up NN=04: NN is the number of the notebook you join at"; exit 2; }
 	$(PY) -m helpers.stack up --download-lakefs
 	$(PY) -m helpers.runner --before $(NN)
 

@@ -139,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         except json.JSONDecodeError:
             parameters[name] = raw
     root = project_root()
+    numbers = [path.name[:2] for path in notebook_paths(root)]
+    if args.before is not None and (not args.before.isdigit() or args.before.zfill(2) not in numbers):
+        parser.error(f"--before (make catch-up NN=...) must be a notebook's number, one of {', '.join(numbers)}; "
+                     f"not {args.before!r}")
+    if args.only and not any(args.only in path.name for path in notebook_paths(root)):
+        parser.error(f"--only {args.only!r} matches no notebook in notebooks/")
     out_dir = root / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []

@@ -109,3 +109,14 @@ def test_papermill_s_text_and_a_zero_stop_the_notebook_at_its_first_cell(bucket,
     ran = [c for c in json.loads((tmp_path / "out.ipynb").read_text())["cells"]
            if c["cell_type"] == "code" and c.get("execution_count")]
     assert len(ran) == 3, "the parameters cell, papermill's injected one and the first cell, nothing more"
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--before", "abc"], "--before (make catch-up NN=...) must be a notebook's number, one of 01, 02"),
+    (["--before", "9"], "not '9'"),
+    (["--only", "zzz"], "--only 'zzz' matches no notebook"),
+])
+def test_the_runner_refuses_a_notebook_that_is_not_there_before_running_any(arguments, message, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        runner.main(arguments)
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
