@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, _stop_on_signal)
     state, jupyter, sign_in_server, restore = state_dir(), None, None, False
     try:
+        stack.check_ports({"--jupyter-port": args.jupyter_port, "--dashboard-port": args.dashboard_port,
+                           "--sign-in-port": args.sign_in_port})
         exit_with_parent()
         claim_state(state)
         token = secrets.token_hex(16)

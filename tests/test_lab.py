@@ -171,3 +171,15 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
     proc.wait(timeout=10)
     lab.wait(timeout=90)
     assert_cleaned_up(ports)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (["--jupyter-port", "99999"], "Port --jupyter-port=99999 is not a port number"),
+    (["--dashboard-port", "8888"], "Ports --jupyter-port and --dashboard-port are both 8888"),
+])
+def test_bad_lab_ports_are_one_line_before_anything_starts(arguments, message):
+    result = subprocess.run([sys.executable, "-m", "helpers.lab", *arguments], cwd=project_root(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stderr.startswith(f"error: {message}")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Open:" not in result.stdout
