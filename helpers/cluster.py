@@ -23,46 +23,13 @@ from typing import Any
 
 from helpers import ray_service, timings
 from helpers.config import ConfigError, Settings, load_settings, state_dir
-from helpers.tracking import bounded_requests
-
-# Set to true where every node of the cluster already has S3_ACCESS_KEY and S3_SECRET_KEY in its
-# environment: the keys then never travel in the job's runtime_env.
-KEYS_FROM_CLUSTER_ENV = "S3_KEYS_FROM_CLUSTER"
-
-
-def keys_from_cluster() -> bool:
-    """Whether the workers take the object store's keys from their own environment (``S3_KEYS_FROM_CLUSTER``)."""
-    return os.environ.get(KEYS_FROM_CLUSTER_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
-    """The environment variables that let a worker process build the same settings.
-
-    ``AWS_EC2_METADATA_DISABLED`` stops the AWS SDK inside pyarrow from probing
-    the EC2 metadata service, which costs seconds per process off AWS.
-
-    A job's ``runtime_env`` can be read by anyone who can reach the cluster's
-    dashboard, state or job API: with ``with_keys=False`` the S3 keys stay out
-    of it, for clusters whose nodes have them in their own environment.
-    """
-    keys = {"S3_ACCESS_KEY": settings.s3_access_key, "S3_SECRET_KEY": settings.s3_secret_key} if with_keys else {}
-    values = {
-        "AWS_EC2_METADATA_DISABLED": "true",
-        "S3_ENDPOINT": settings.s3_url, **keys, "S3_SECURE": str(settings.s3_secure).lower(),
-        "S3_REGION": settings.s3_region, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
-        **bounded_requests(),  # a worker's MLflow calls give up in seconds when the server is gone
-    }
-    return {k: v for k, v in values.items() if v}
-
-
-# A local Ray's defaults, inherited by its processes (a driver's own value wins): Ray Train's controller polls
-# reports every 0.2 s, not 2 s, and starts no preemption watcher actor. Not in the driver's environment: Ray
-# Train would send them to its actors in a runtime_env, costing each a new worker process.
-LOCAL_RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
-
-# Every name settings_env can set: a local Ray starts without any of them left over from other settings.
-WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
-                   "S3_REGION", "MLFLOW_TRACKING_URI")
+from helpers.worker_env import (
+    LOCAL_RAY_DEFAULTS,
+    WORKER_SETTINGS,
+    keys_from_cluster,
+    loopback_only,
+    settings_env,
+)
 
 
 def cluster_runtime_env(settings: Settings) -> dict[str, Any]:
@@ -122,21 +89,6 @@ def quiet_ray() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     # Ray hands read-only numpy blocks to torch; harmless here, noisy in every notebook.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-
-
-def loopback_only() -> None:
-    """Make a local Ray listen on 127.0.0.1 only, never on the machine's network address.
-
-    Ray picks the address other machines would reach for a cluster; a laptop's Ray
-    needs none, and its GCS, raylet and object manager should not be reachable from the
-    network. Ray's own switch for this (loopback on macOS and Windows) is read when
-    ``ray`` is imported, so it is set on the imported module; the processes Ray starts
-    are handed the address the driver chose. Not through the environment: there it
-    would also stop any ``ray start`` run from this process from joining a cluster.
-    """
-    from ray._private import ray_constants
-
-    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[str, Any] | None:

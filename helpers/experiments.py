@@ -1,6 +1,6 @@
 """Generated from notebooks/06_lakefs_parallel_experiments.ipynb by `python -m helpers.export`: edit the notebook.
 
-Lesson 06 · Parallel experiments on lakeFS branches.
+Lesson 06 · Parallel experiments on lakeFS branches. Above each definition, the cell that teaches it.
 """
 import io
 import itertools
@@ -35,6 +35,7 @@ EXPERIMENT_FILES = (MODEL_PATH, PARAMS_PATH, METRICS_PATH)
 MLFLOW_EXPERIMENT = "lakefs-experiments"
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 6 (id ac3478d6).
 def ensure_repository(client, name: str, settings: Settings | None = None, bucket: str = LAKEFS_BUCKET):
     """The repository ``name`` (a ``lakefs.Repository``), created with its namespace bucket if missing.
 
@@ -51,6 +52,7 @@ def ensure_repository(client, name: str, settings: Settings | None = None, bucke
     return repo
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
 @dataclass
 class ImportResult:
     """What an import committed: the commit id, objects imported, seconds, and whether it was reused."""
@@ -65,6 +67,7 @@ class ImportResult:
         return f"{self.objects:,} objects {how} (commit {self.commit_id[:12]})"
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
 def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
     """Objects and bytes stored under ``prefix`` of ``bucket`` (an import copies nothing)."""
     client = client or get_client()
@@ -76,12 +79,14 @@ def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
     return {"objects": objects, "bytes": size}
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
 def list_paths(repo, ref: str, prefix: str) -> list[str]:
     """Every object path under ``prefix`` at ``ref`` (a branch, tag or commit id), sorted."""
     with lakefs_errors(f"listing {prefix} at {ref}"):
         return sorted(o.path for o in repo.ref(ref).objects(prefix=prefix))
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
 def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("train/", "test/"),
                        branch: str = INGEST_BRANCH, poll_seconds: float = 0.5, force: bool = False,
                        settings: Settings | None = None, timeout: float = 1800.0) -> ImportResult:
@@ -136,17 +141,20 @@ def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("
     return ImportResult(status.commit.id, int(status.ingested_objects or 0), time.perf_counter() - started, False)
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
 def read_bytes(repo, ref: str, path: str) -> bytes:
     """One object's bytes at ``ref`` (a branch, tag or commit id), read through the lakeFS API."""
     with lakefs_errors(f"reading {path} at {ref}"), repo.ref(ref).object(path).reader(mode="rb", pre_sign=False) as f:
         return f.read()
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
 def read_json(repo, ref: str, path: str) -> dict[str, Any]:
     """A JSON object stored at ``path`` in ``ref``."""
     return json.loads(read_bytes(repo, ref, path))
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
 def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
     """A seeded, shuffled subset of at most ``limit`` paths (0 = all): the same list for the same commit."""
     order = np.random.default_rng(seed).permutation(len(paths))
@@ -154,6 +162,7 @@ def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
     return chosen[:limit] if limit else chosen
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
 def read_split(repo, ref: str, split: str, limit: int = 0, seed: int = 0,
                threads: int = 8) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Images, labels and paths of ``split`` ("train" or "test") as stored at ``ref``: listing and bytes from lakeFS."""
@@ -184,6 +193,7 @@ BASE_PARAMS: dict[str, Any] = {
 }
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Full training parameters: :data:`BASE_PARAMS`, the optimizer's default lr, then ``overrides``."""
     unknown = set(overrides) - set(BASE_PARAMS) - {"lr"}
@@ -204,6 +214,7 @@ def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_epoch=None):
     """Train a model deterministically (seeded, one thread); returns it and the per-epoch mean loss."""
     threads = torch.get_num_threads()
@@ -234,6 +245,7 @@ def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_
         torch.set_num_threads(threads)
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def evaluate(net, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, float]:
     """Test accuracy and mean loss, computed from the model (nothing added to them)."""
     net.eval()
@@ -243,6 +255,7 @@ def evaluate(net, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, float]:
                 "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def load_model(repo, ref: str):
     """The model committed at ``ref`` (``artifacts/model.pt``), ready for inference."""
     saved = torch.load(io.BytesIO(read_bytes(repo, ref, MODEL_PATH)), map_location="cpu", weights_only=True)
@@ -251,6 +264,7 @@ def load_model(repo, ref: str):
     return net.eval()
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], extra: Mapping[str, str]) -> dict:
     """Commit metadata (string values only): ``param.<name>`` and ``metric.<name>`` as JSON, plus ``extra``."""
     out = {f"param.{k}": json.dumps(v) for k, v in params.items()}
@@ -259,12 +273,14 @@ def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], ext
     return out
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def decode_metadata(metadata: Mapping[str, str], kind: str) -> dict[str, Any]:
     """The ``param`` or ``metric`` values back from commit metadata."""
     head = f"{kind}."
     return {k[len(head):]: json.loads(v) for k, v in metadata.items() if k.startswith(head)}
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 @dataclass
 class ExperimentResult:
     """One experiment as committed: branch, commit id, params, metrics, MLflow run id, seconds."""
@@ -277,11 +293,13 @@ class ExperimentResult:
     seconds: float
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def lakefs_source(repo_name: str, commit_id: str, prefix: str) -> str:
     """The S3 URI of a prefix at a commit through lakeFS's S3 gateway: ``s3://<repository>/<commit>/<prefix>``."""
     return f"s3://{repo_name}/{commit_id}/{prefix}"
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
 def train_experiment(settings: Settings, repo_name: str, branch: str, overrides: Mapping[str, Any],
                      mlflow_experiment: str = MLFLOW_EXPERIMENT, lineage: Mapping[str, str] | None = None,
                      ) -> ExperimentResult:
@@ -338,6 +356,7 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
     return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
 def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
     """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``.
 
@@ -348,12 +367,14 @@ def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -
     return prefix + "-".join("".join(c if c in allowed else "_" for c in p) for p in parts)
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
 def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
     """Every combination of the axes: ``experiment_grid(optimizer=["sgd", "adam"], epochs=[1, 3])``."""
     names = list(axes)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
 def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: str) -> list[str]:
     """One branch per experiment from ``source`` (a commit id); an existing one is recreated there."""
     grid = list(grid)
@@ -371,6 +392,7 @@ def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: 
     return names
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
 def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings | None = None,
                     source: str = INGEST_BRANCH, parallel: bool = True) -> list[ExperimentResult]:
     """Every experiment of ``grid`` on its own branch, in parallel as Ray tasks (one CPU each), in grid order."""
@@ -395,6 +417,7 @@ def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings 
         raise err.as_instanceof_cause() from None
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 20 (id b3f0c7f6).
 def compare_experiments(repo, branches: Sequence[str]):
     """A table of the experiments, read back from lakeFS (commit metadata and metrics file), best first."""
     import pandas as pd
@@ -416,6 +439,7 @@ def compare_experiments(repo, branches: Sequence[str]):
     return table.sort_values("accuracy", ascending=False, ignore_index=True) if rows else table
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 20 (id b3f0c7f6).
 def evaluate_commit(repo, ref: str) -> dict[str, float]:
     """Metrics recomputed from the model committed at ``ref`` on the test images at ``ref``."""
     params = read_json(repo, ref, PARAMS_PATH)
@@ -423,6 +447,7 @@ def evaluate_commit(repo, ref: str) -> dict[str, float]:
     return evaluate(load_model(repo, ref), x_test, y_test)
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id bc33ea4e).
 @dataclass
 class Promotion:
     """A winner merged into ``main``: the merge commit and the tag pointing at it."""
@@ -432,6 +457,7 @@ class Promotion:
     tag: str
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id bc33ea4e).
 def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
             destination: str | None = None) -> Promotion:
     """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
@@ -468,6 +494,7 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 31 (id 22d200f8).
 def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
     """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage, alias ``champion``."""
     from mlflow.exceptions import MlflowException
@@ -488,6 +515,7 @@ def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REG
     return version
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 36 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -511,6 +539,7 @@ class Reproduction:
                 f"now (|diff| {self.differences['accuracy']:.2g} {sign} {self.tolerance}) in {self.seconds:.1f} s")
 
 
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 36 (id 972a67c4).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 

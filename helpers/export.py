@@ -38,15 +38,30 @@ class ExportError(ValueError):
     """A ``#@save`` cell holds code that would run on import."""
 
 
-def saved_cells(notebook: Path) -> list[tuple[int, str]]:
-    """``(cell index, source without the mark)`` of every ``#@save`` code cell, in notebook order."""
+def saved_cells(notebook: Path) -> list[tuple[int, str, str]]:
+    """``(cell index, cell id, source without the mark)`` of every ``#@save`` code cell, in notebook order."""
     cells = json.loads(notebook.read_text())["cells"]
     out = []
     for index, cell in enumerate(cells):
         source = "".join(cell["source"])
         if cell["cell_type"] == "code" and source.startswith(MARK):
-            out.append((index, source[len(MARK):].lstrip("\n").rstrip() + "\n"))
+            out.append((index, cell.get("id", ""), source[len(MARK):].lstrip("\n").rstrip() + "\n"))
     return out
+
+
+def origin(notebook: Path, index: int, cell_id: str) -> str:
+    """The comment above each generated definition that says where it is taught (and edited)."""
+    return f"# From notebooks/{notebook.name}, cell {index} (id {cell_id})."
+
+
+def _with_origins(notebook: Path, index: int, cell_id: str, source: str) -> str:
+    """``source`` with :func:`origin` above every function and class (above its decorators)."""
+    lines = source.splitlines()
+    starts = sorted({min([node.lineno] + [d.lineno for d in node.decorator_list]) for node in ast.parse(source).body
+                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}, reverse=True)
+    for start in starts:
+        lines.insert(start - 1, origin(notebook, index, cell_id))
+    return "\n".join(lines) + "\n"
 
 
 def _check_cell(notebook: Path, index: int, source: str) -> None:
@@ -69,12 +84,12 @@ def _title(notebook: Path) -> str:
 def module_source(notebook: Path) -> str:
     """The module text generated from ``notebook``'s saved cells."""
     cells = saved_cells(notebook)
-    for index, source in cells:
+    for index, _, source in cells:
         _check_cell(notebook, index, source)
     header = (f'"""Generated from notebooks/{notebook.name} by `python -m helpers.export`: edit the notebook.\n\n'
-              f"Lesson {_title(notebook)}.\n"
+              f"Lesson {_title(notebook)}. Above each definition, the cell that teaches it.\n"
               '"""\n')
-    return header + "\n\n".join(source for _, source in cells)
+    return header + "\n\n".join(_with_origins(notebook, index, cell_id, source) for index, cell_id, source in cells)
 
 
 def module_path(root: Path, notebook_name: str) -> Path:

@@ -1,6 +1,6 @@
 """Generated from notebooks/03_ray_data_preprocessing.ipynb by `python -m helpers.export`: edit the notebook.
 
-Lesson 03 · Preprocess from pointers with Ray Data.
+Lesson 03 · Preprocess from pointers with Ray Data. Above each definition, the cell that teaches it.
 """
 import io
 import logging
@@ -22,6 +22,7 @@ from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, Stor
                              s3_filesystem)
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 6 (id ac3478d6).
 def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None,
                    numbered: bool = False):
     """Pointers and labels as a Ray Dataset of ``{"X": key, "y": label}`` rows (notebook 03).
@@ -42,6 +43,7 @@ def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int 
 LOG_FILE_NAME = "preprocess.log"
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def create_logger(log_dir: str | Path | None = None, name: str = "preprocess") -> logging.Logger:
     """A logger that stamps every line with the process id, to stdout and ``<log_dir>/preprocess.log``."""
     log_dir = Path(log_dir or os.environ.get("PREPROCESS_LOG_DIR") or Path(os.environ.get("TMPDIR", "/tmp")))
@@ -60,12 +62,14 @@ def create_logger(log_dir: str | Path | None = None, name: str = "preprocess") -
     return logger
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def read_log(log_dir: str | Path) -> list[str]:
     """Lines the pid-stamped logger wrote to ``<log_dir>/preprocess.log``."""
     path = Path(log_dir) / LOG_FILE_NAME
     return path.read_text().splitlines() if path.is_file() else []
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def node_id() -> str:
     """Short id of the Ray node this code runs on ('-' outside Ray)."""
     import ray
@@ -73,16 +77,19 @@ def node_id() -> str:
     return ray.get_runtime_context().get_node_id()[:8] if ray.is_initialized() else "-"
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def normalise(pixels) -> np.ndarray:
     """``uint8`` digits -> ``float32 [n, 1, 28, 28]`` in [-1, 1], as ToTensor + Normalize((0.5,), (0.5,))."""
     return (np.asarray(pixels, dtype=np.float32).reshape(-1, 1, 28, 28) / 255.0 - 0.5) / 0.5
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def decode_images(bodies: Sequence[bytes]) -> np.ndarray:
     """Encoded images -> ``float32 [n, 1, 28, 28]`` in [-1, 1]."""
     return normalise(np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies]))
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
     """One object fetched and decoded to ``uint8 [28, 28]``.
 
@@ -105,6 +112,7 @@ def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
     return image
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 class SkipCounter:
     """Counts objects skipped by the workers (a named Ray actor shared by all of them)."""
 
@@ -120,6 +128,7 @@ class SkipCounter:
         return list(self.keys)
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def skip_counter(name: str):
     """The named :class:`SkipCounter` actor ``name`` (created on first use)."""
     import ray
@@ -127,6 +136,7 @@ def skip_counter(name: str):
     return ray.remote(num_cpus=0)(SkipCounter).options(name=name, get_if_exists=True, lifetime="detached").remote()
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def skipped_keys(name: str) -> list[str]:
     """Keys the workers skipped under counter ``name``; the counter is removed afterwards."""
     import ray
@@ -140,6 +150,7 @@ def skipped_keys(name: str) -> list[str]:
     return keys
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def to_batch(keys, labels, images: list, skip_counter_name: str | None,
              extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Stack decoded images into ``{"X": float32 [n, 1, 28, 28], "y": int64 [n]}``; errors raise or are counted.
@@ -167,6 +178,7 @@ def to_batch(keys, labels, images: list, skip_counter_name: str | None,
     return {"X": normalise(np.stack(good_images)), "y": np.asarray(good_labels, dtype=np.int64), **kept}
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
 def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_name: str | None = None,
                      log_dir: str | None = None) -> dict[str, np.ndarray]:
     """The original article's task function, corrected: fetch each object of the batch, decode, normalise.
@@ -188,6 +200,7 @@ def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_nam
     return out
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 13 (id 7b52009b).
 class ObjectPreprocessor:
     """The actor form: one client per actor, a batch's objects fetched concurrently (notebook 03)."""
 
@@ -217,6 +230,7 @@ class ObjectPreprocessor:
         return out
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 13 (id 7b52009b).
 def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: int = 2, threads: int = 16,
                            skip_counter_name: str | None = None, log_dir: str | None = None):
     """Lazily map a pointer dataset to image tensors with a pool of ``num_actors`` actors (notebooks 03-06)."""
@@ -239,11 +253,13 @@ def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: i
 PACKED_PREFIX = "packed"
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def normalise_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``read_images`` rows (``image`` uint8, ``label``) -> the same batches as the other readers."""
     return {"X": normalise(batch["image"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None,
                         settings: Settings | None = None):
     """Images via ``ray.data.read_images`` over pyarrow S3, the label from the folder name (notebook 03).
@@ -260,6 +276,7 @@ def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] |
     return ds.map_batches(normalise_images, batch_size=1000)
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarray]:
     """Pointer rows -> what a Parquet shard stores: key, label and the decoded ``uint8 [28, 28]`` pixels.
 
@@ -274,6 +291,7 @@ def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarra
 CURRENT_FILE = "CURRENT"  # names the folder of the complete set of shards
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4,
                         settings: Settings | None = None) -> str:
     """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/<version>/``.
@@ -303,6 +321,7 @@ def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int =
     return f"{base}/{version}"
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def packed_path(bucket: str, split: str = "train", settings: Settings | None = None) -> str:
     """The folder of the current packed shards of ``split``.
 
@@ -318,11 +337,13 @@ def packed_path(bucket: str, split: str = "train", settings: Settings | None = N
                            "pack_parquet_shards(ds, bucket) (notebook 03).") from None
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def scale_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Packed rows (``pixels`` uint8, ``label``) -> the same normalised batches as the other readers."""
     return {"X": normalise(batch["pixels"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
 def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings | None = None):
     """The packed shards via ``ray.data.read_parquet``, scaled to the same batches as the other readers.
 
@@ -345,12 +366,14 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     return ds.select_columns(["label", "pixels"]).map_batches(scale_packed, batch_size=4096)
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id 887309d0).
 def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
     """The same pointers in a seeded random order (listings come back sorted by label)."""
     order = np.random.default_rng(seed).permutation(len(X))
     return [X[i] for i in order], [int(y[i]) for i in order]
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id 887309d0).
 def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
                   seed: int = 0, batch_size: int = 400):
     """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
@@ -381,6 +404,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
                               table.filter(pc.invert(in_train)).drop_columns(["row"])))
 
 
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id 887309d0).
 def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:
     """All ``X`` and ``y`` of a (small, materialised) dataset as numpy arrays."""
     xs, ys = [], []

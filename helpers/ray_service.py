@@ -24,7 +24,7 @@ PORT_ENV = "RAY_GCS_SERVER_PORT"  # Ray's own variable: the port a new head's GC
 
 
 def settings_digest(env: dict[str, str]) -> str:
-    """A fingerprint of the worker settings (``cluster.settings_env``): equal digests, same services, same keys."""
+    """A fingerprint of the worker settings (``worker_env.settings_env``): equal digests, same services, same keys."""
     return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
 
 
@@ -46,14 +46,15 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     """
     import ray
 
-    from helpers import cluster, stack, timings
+    from helpers import timings, worker_env
     from helpers.config import load_settings
+    from helpers.files import write_private
 
     os.environ.pop("RAY_ADDRESS", None)  # not for this Ray's workers: a cluster left in the environment of `up`
-    for name, value in cluster.LOCAL_RAY_DEFAULTS.items():
+    for name, value in worker_env.LOCAL_RAY_DEFAULTS.items():
         os.environ.setdefault(name, value)
-    env = cluster.settings_env(load_settings(environ={}, stack_state=state))
-    cluster.loopback_only()
+    env = worker_env.settings_env(load_settings(environ={}, stack_state=state))
+    worker_env.loopback_only()
     os.environ.update(env)  # what every worker this Ray starts inherits
     # Ray's own default for a new local cluster is token authentication (RAY_AUTH_MODE=token, the token in
     # ~/.ray/auth_token): kept, so another user of this machine can neither join this Ray nor use its dashboard.
@@ -72,7 +73,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        stack.write_private(state / SERVICE_FILE, json.dumps(info, indent=2))
+        write_private(state / SERVICE_FILE, json.dumps(info, indent=2))
         print(f"Ray is up at {info['address']} with {info['cpus']} CPUs", flush=True)
         while True:
             signal.pause()

@@ -51,6 +51,7 @@ import psutil
 
 from helpers import lakefs_binary, ray_service
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
+from helpers.files import private_folder, write_private
 
 MLFLOW_BUCKET = "mlflow"
 # Every port the stack listens on; gRPC ports are passed explicitly so two
@@ -143,30 +144,6 @@ def free_ports(names: list[str]) -> dict[str, int]:
     return dict(zip(names, (port for port in candidates if port_is_free(port)), strict=False))
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` atomically, readable by the owner only (0600 from the start).
-
-    A reader sees the old file or the new one, never half of one: the text goes
-    to a temporary file in the same folder first, which then replaces ``path``.
-    """
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.chmod(tmp, 0o600)  # an existing temporary file keeps its mode through O_CREAT
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _private_folder(folder: Path) -> None:
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    folder.chmod(0o700)  # also a folder an older version created 0755
-
-
 @contextlib.contextmanager
 def state_lock(state: Path, timeout: float = 300.0) -> Iterator[None]:
     """Hold the state folder's lock: one ``up`` or ``down`` at a time (two notebooks starting together wait in turn).
@@ -174,7 +151,7 @@ def state_lock(state: Path, timeout: float = 300.0) -> Iterator[None]:
     Raises:
         StackError: another ``up``/``down`` held the lock for longer than ``timeout`` seconds.
     """
-    _private_folder(state)
+    private_folder(state)
     fd = os.open(state / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
     try:
         deadline = time.monotonic() + timeout
@@ -540,7 +517,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
     paths = _paths(state)
     for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
-        _private_folder(folder)
+        private_folder(folder)
     ports = _load_or_choose_ports(state, ports)
     access, secret = _load_or_create_keys(state)
     lakefs = lakefs_binary.find() if with_lakefs else None
@@ -574,7 +551,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     if lakefs is not None and lakefs_keys is not None:
         ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",
                                              str(_lakefs_config(state, ports, access, secret, lakefs_keys))],
-               prepare=lambda: (_ensure_bucket(settings, LAKEFS_BUCKET), _private_folder(paths["lakefs_db"])))
+               prepare=lambda: (_ensure_bucket(settings, LAKEFS_BUCKET), private_folder(paths["lakefs_db"])))
     if with_ray:
         project_root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)

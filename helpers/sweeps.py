@@ -1,6 +1,6 @@
 """Generated from notebooks/05_tune_sweeps.ipynb by `python -m helpers.export`: edit the notebook.
 
-Lesson 05 · Hyperparameter sweeps with Ray Tune, tracked in MLflow.
+Lesson 05 · Hyperparameter sweeps with Ray Tune, tracked in MLflow. Above each definition, the cell that teaches it.
 """
 import tempfile
 from pathlib import Path
@@ -23,6 +23,7 @@ KNOWN_GOOD = {"rate": 0.2, "hidden": 128, "activation": "relu", "lr": 0.05}  # t
 CHECKPOINT_FILE = "model.pt"
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 5 (id 1b645389).
 def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = None,
                 validation_fraction: float = 1 / 6, seed: int = 0) -> dict[str, np.ndarray]:
     """Preprocessed train/validation/test arrays (validation split off the shuffled training set).
@@ -47,6 +48,7 @@ def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = N
             "x_test": x_test, "y_test": y_test}
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 8 (id 902ba3cd).
 def search_space() -> dict[str, Any]:
     """The original article's space (rate, hidden, activation) plus the learning rate."""
     return {
@@ -57,6 +59,7 @@ def search_space() -> dict[str, Any]:
     }
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
 def start_child_run(config: dict[str, Any], params: dict[str, Any]):
     """``(MlflowClient, run_id)`` of a new child run of ``config["parent_run_id"]``; ``(None, None)`` when off."""
     from mlflow.tracking import MlflowClient
@@ -78,17 +81,20 @@ def start_child_run(config: dict[str, Any], params: dict[str, Any]):
     return client, run.info.run_id
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
 def model_config(config: dict[str, Any]) -> dict[str, Any]:
     """The tuned values of a trial's config."""
     return {k: config[k] for k in ("rate", "hidden", "activation", "lr")}
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
 def build_trial_model(config: dict[str, Any]) -> nn.Module:
     """The MLP of notebook 04 with one hidden layer of ``hidden`` units and dropout ``rate``."""
     return MNISTModel(784, [int(config["hidden"])], 10, dropout=float(config["rate"]),
                       activation=config["activation"])
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
 def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """One trial, tracked as a child run that ends FAILED (or KILLED) when the trial crashes, never FINISHED."""
     client, run_id = start_child_run(config, model_config(config))
@@ -103,6 +109,7 @@ def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         tracking.end_run(client, run_id, error)
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
 def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, run_id: str | None) -> None:
     """Train on the training split; report validation accuracy and a checkpoint every epoch."""
     torch.set_num_threads(1)
@@ -132,6 +139,7 @@ def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, r
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 13 (id 7b52009b).
 def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
     """One trial that is itself a Ray Train run (notebook 04's worker loop with validation)."""
     import ray.train
@@ -164,6 +172,7 @@ def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
         tracking.end_run(client, run_id, error)
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 13 (id 7b52009b).
 def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurrent_trials: int,
                    cluster_cpus: float, storage_path: str) -> tuple[Any, dict[str, Any]]:
     """The trainable with its data and resources, and what it adds to the param space.
@@ -187,6 +196,7 @@ def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurre
     return trainable, {"num_workers": num_workers, "cpus_per_worker": per_worker["CPU"], "storage_path": storage_path}
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 15 (id fa35e192).
 def make_searcher(name: str, points_to_evaluate: list[dict] | None, seed: int):
     """``"hyperopt"`` (HyperOptSearch) or ``"optuna"`` (OptunaSearch), seeded, starting from known points."""
     if name == "hyperopt":
@@ -202,6 +212,7 @@ def make_searcher(name: str, points_to_evaluate: list[dict] | None, seed: int):
     raise ParameterError(f"searcher must be 'hyperopt' or 'optuna', not {name!r}.")
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 15 (id fa35e192).
 def make_scheduler(name: str | None, epochs: int, grace_period: int = 1, reduction_factor: int = 2):
     """``"asha"`` (stop the worse trials at each rung) or None (every trial runs all epochs)."""
     if name in (None, "", "none"):
@@ -214,6 +225,7 @@ def make_scheduler(name: str | None, epochs: int, grace_period: int = 1, reducti
     raise ParameterError(f"scheduler must be 'asha' or None, not {name!r}.")
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 15 (id fa35e192).
 def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) -> list[int]:
     """The epochs at which ASHA compares trials: ``grace_period * reduction_factor**k`` below ``epochs``."""
     rungs, rung = [], grace_period
@@ -223,6 +235,7 @@ def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) ->
     return rungs
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 18 (id 0716d970).
 def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, num_samples: int,
                max_concurrent_trials: int, name: str, storage_path: str, settings: Settings | None = None):
     """A ``tune.Tuner`` over ``param_space`` with results and checkpoints in the object store (notebook 05)."""
@@ -244,6 +257,7 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
     )
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 26 (id f6e1126c).
 def best_checkpoint(result):
     """The best checkpoint of a trial: Tune's own, or the Ray Train checkpoint path it reported."""
     import ray.train
@@ -257,6 +271,7 @@ def best_checkpoint(result):
     return ray.train.Checkpoint(path, filesystem=s3_filesystem())
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 26 (id f6e1126c).
 def load_trial_model(checkpoint) -> nn.Module:
     """The model saved in a trial's checkpoint (a Tune trial's or a Ray Train run's)."""
     with checkpoint.as_directory() as folder:
@@ -268,6 +283,7 @@ def load_trial_model(checkpoint) -> nn.Module:
     return net.eval()
 
 
+# From notebooks/05_tune_sweeps.ipynb, cell 26 (id f6e1126c).
 def child_runs(uri: str, parent_run_id: str) -> list[Any]:
     """The MLflow runs whose parent is ``parent_run_id`` (one per trial)."""
     from mlflow.tracking import MlflowClient

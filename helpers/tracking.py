@@ -26,7 +26,7 @@ _OFF: dict[str, str] = {}  # tracking URI -> why tracking went off (said once)
 def bounded_requests() -> dict[str, str]:
     """Bound MLflow's HTTP timeout and retries in this process (values already set are kept); returns them.
 
-    Ray workers get the same values with the other settings (:func:`helpers.cluster.settings_env`).
+    Ray workers get the same values with the other settings (:func:`helpers.worker_env.settings_env`).
     """
     for name, value in BOUNDED_REQUESTS.items():
         os.environ.setdefault(name, value)

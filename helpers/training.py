@@ -1,6 +1,6 @@
 """Generated from notebooks/04_distributed_training.ipynb by `python -m helpers.export`: edit the notebook.
 
-Lesson 04 · Distributed training with Ray Train, tracked in MLflow.
+Lesson 04 · Distributed training with Ray Train, tracked in MLflow. Above each definition, the cell that teaches it.
 """
 import contextlib
 import json
@@ -30,6 +30,7 @@ from helpers.storage import s3_filesystem
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
 
+# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
 class MNISTModel(nn.Module):
     """The original article's multilayer perceptron: 784 -> hidden layers -> 10 log-probabilities."""
 
@@ -55,6 +56,7 @@ class MNISTModel(nn.Module):
         return self.net(x)
 
 
+# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
 class MNISTConvNet(nn.Module):
     """A small CNN (two conv blocks), about 99% test accuracy on full MNIST."""
 
@@ -73,6 +75,7 @@ class MNISTConvNet(nn.Module):
         return self.net(x.reshape(-1, 1, 28, 28))
 
 
+# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
 def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dropout: float = 0.0,
                 activation: str = "relu") -> nn.Module:
     """A fresh model by name: ``"mlp"`` (:class:`MNISTModel`) or ``"cnn"`` (:class:`MNISTConvNet`)."""
@@ -83,6 +86,7 @@ def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dro
     raise ParameterError(f"model must be 'mlp' or 'cnn', not {model!r}.")
 
 
+# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
 @torch.no_grad()
 def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
     """Predicted class of every image, in vectorised batches (no per-image loop)."""
@@ -92,12 +96,14 @@ def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
     return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
 
 
+# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Fraction of predictions equal to the labels."""
     labels = np.asarray(labels)
     return float((np.asarray(predictions) == labels).mean()) if len(labels) else 0.0
 
 
+# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
 def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int = 10) -> np.ndarray:
     """``[true, predicted]`` counts."""
     matrix = np.zeros((classes, classes), dtype=np.int64)
@@ -113,6 +119,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
 MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")
 
 
+# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
 def check_params(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` when every training parameter has an allowed value; else one :class:`ParameterError` naming them.
 
@@ -135,10 +142,12 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
 class InjectedFault(RuntimeError):
     """Raised on purpose by ``fail_at_epoch``, to show that training resumes from the last checkpoint."""
 
 
+# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
 def make_optimizer(name: str, parameters, lr: float, momentum: float) -> torch.optim.Optimizer:
     """``"sgd"`` (with momentum, as the original article) or ``"adam"``."""
     if name == "sgd":
@@ -148,12 +157,14 @@ def make_optimizer(name: str, parameters, lr: float, momentum: float) -> torch.o
     raise ParameterError(f"optimizer must be 'sgd' or 'adam', not {name!r}.")
 
 
+# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
 def model_from_params(params: dict[str, Any]) -> nn.Module:
     """A fresh model built from the training parameters."""
     return build_model(params.get("model", "mlp"), params.get("hidden_sizes", (128, 64)),
                        params.get("dropout", 0.0), params.get("activation", "relu"))
 
 
+# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
 def load_checkpoint(checkpoint) -> tuple[nn.Module, dict[str, Any]]:
     """The model, ready for inference, and the saved state (epoch, params, history) of a Ray Train checkpoint."""
     with checkpoint.as_directory() as folder:
@@ -163,6 +174,7 @@ def load_checkpoint(checkpoint) -> tuple[nn.Module, dict[str, Any]]:
     return net.eval(), state
 
 
+# From notebooks/04_distributed_training.ipynb, cell 11 (id b1d57811).
 def worker_mlflow_client(config: dict[str, Any], rank: int):
     """An ``MlflowClient`` for rank 0 when the config names a run and the server answers, else None."""
     from mlflow.tracking import MlflowClient
@@ -181,6 +193,7 @@ def worker_mlflow_client(config: dict[str, Any], rank: int):
 TRACKED = ("train_loss", "train_accuracy", "val_accuracy")  # what a worker logs to MLflow per epoch
 
 
+# From notebooks/04_distributed_training.ipynb, cell 11 (id b1d57811).
 def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
     """Log the tracked metrics of ``rows`` (history rows with an ``"epoch"``) into run ``run_id`` in one call.
 
@@ -199,6 +212,7 @@ def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
         return False
 
 
+# From notebooks/04_distributed_training.ipynb, cell 11 (id b1d57811).
 def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0, timeout: float = 3.0) -> None:
     """Log one metric with MLflow's REST API, as the original article did (no MLflow package needed).
 
@@ -216,6 +230,7 @@ def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0
         raise RuntimeError(f"MLflow refused the metric {key!r}: HTTP {err.code} {err.read()[:200]!r}") from None
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Sum ``values`` over all workers (a no-op with one worker or outside Ray Train)."""
     tensor = torch.tensor(values, dtype=torch.float64)
@@ -224,6 +239,7 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 def epoch_batches(shard, config: dict[str, Any], epoch: int, cache: list | None):
     """This worker's batches for one epoch, as ``{"X", "y"}`` tensors.
 
@@ -251,6 +267,7 @@ def epoch_batches(shard, config: dict[str, Any], epoch: int, cache: list | None)
         cache += [torch.cat([batch["X"] for batch in kept]), torch.cat([batch["y"] for batch in kept])]
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 @torch.no_grad()
 def validate(net: nn.Module, shard) -> float:
     """Accuracy on this worker's validation shard, all-reduced over the workers."""
@@ -263,6 +280,7 @@ def validate(net: nn.Module, shard) -> float:
     return correct / max(count, 1)
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 def maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
     """Raise once in epoch ``fail_at_epoch`` on rank ``fail_rank``; a marker file makes it happen only once.
 
@@ -278,6 +296,7 @@ def maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
         raise InjectedFault(f"injected failure in epoch {epoch} on rank {rank}")
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list, int]:
     """Load the last checkpoint into the model and optimizer after a failure.
 
@@ -300,11 +319,13 @@ def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str 
     return state["epoch"] + 1, history, logged_through
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 def checkpoint_due(epoch: int, config: dict[str, Any]) -> bool:
     """Whether ``epoch`` ends with a checkpoint: every ``checkpoint_every`` epochs, and always the last."""
     return epoch % int(config.get("checkpoint_every", 1)) == 0 or epoch == int(config["epochs"])
 
 
+# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
 def train_func_per_worker(config: dict[str, Any]) -> None:
     """The per-worker training loop Ray Train runs on every worker (notebook 04)."""
     entered = time.time()
@@ -365,6 +386,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
             logged_through = epoch
 
 
+# From notebooks/04_distributed_training.ipynb, cell 15 (id fa35e192).
 def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> dict[str, float]:
     """CPUs per training worker that leave one CPU for Ray Data and the Train controller."""
     if use_gpu:
@@ -373,11 +395,13 @@ def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> di
     return {"CPU": min(1.0, math.floor(spare / num_workers * 100) / 100)}
 
 
+# From notebooks/04_distributed_training.ipynb, cell 15 (id fa35e192).
 def unique_run_name(prefix: str = "train") -> str:
     """A run name no earlier run has used: reusing one makes Ray Train resume that run."""
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
+# From notebooks/04_distributed_training.ipynb, cell 15 (id fa35e192).
 def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: int, run_name: str,
                  storage_path: str, use_gpu: bool = False, max_failures: int = 2, cluster_cpus: float = 2.0,
                  settings: Settings | None = None) -> TorchTrainer:
@@ -414,6 +438,7 @@ def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: 
     )
 
 
+# From notebooks/04_distributed_training.ipynb, cell 17 (id 1574bddb).
 def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: int, context: str,
                 tags: dict[str, str] | None = None) -> None:
     """Log a dataset input (its source URI and object count, not the data) into run ``run_id`` (notebooks 04-06)."""
@@ -437,6 +462,7 @@ def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: i
             time.sleep(0.2 * (attempt + 1))
 
 
+# From notebooks/04_distributed_training.ipynb, cell 20 (id 181e1f46).
 @contextlib.contextmanager
 def interrupt_handler_restored():
     """Put back the process's Ctrl-C (SIGINT) handler when the block ends.
@@ -454,6 +480,7 @@ def interrupt_handler_restored():
             signal.signal(signal.SIGINT, previous)
 
 
+# From notebooks/04_distributed_training.ipynb, cell 31 (id 7719a1c7).
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):
     """Log ``net`` as an MLflow PyTorch model (signature and input example from ``example``) in the active run."""
     import mlflow

@@ -1,6 +1,6 @@
 """Generated from notebooks/01_upload_mnist.ipynb by `python -m helpers.export`: edit the notebook.
 
-Lesson 01 · Upload MNIST to an object store.
+Lesson 01 · Upload MNIST to an object store. Above each definition, the cell that teaches it.
 """
 import gzip
 import hashlib
@@ -24,6 +24,7 @@ from helpers.storage import (StorageError, check_bucket_name, ensure_bucket, get
                              object_store_errors, smoke_sizes, translate_error)
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
 def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
     """Encode one ``uint8 [28, 28]`` digit as PNG (lossless) or JPEG (like the original article)."""
     buffer = io.BytesIO()
@@ -36,6 +37,7 @@ def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
     return buffer.getvalue()
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
 def object_key(split: str, label: int, object_id: str, image_format: str = "png") -> str:
     """The key of one image: ``train/5/00000.png`` (split, label, id)."""
     return f"{split}/{int(label)}/{object_id}.{image_format}"
@@ -47,6 +49,7 @@ APPEND_MARKER_KEY = "_manifest/append-in-progress.json"
 _APPEND_NAMESPACE = uuid.UUID("6f1d1c1e-2b7a-4f0e-9d1e-3c5a7b9e0f42")
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 16 (id f1abd670).
 def plan_keys(smoke_test_size: int = 0, image_format: str = "png",
               append_round: str | None = None) -> list[tuple[str, str, int]]:
     """The objects an upload should create: ``(key, split, index into the MNIST array)``."""
@@ -63,6 +66,7 @@ def plan_keys(smoke_test_size: int = 0, image_format: str = "png",
     return out
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 19 (id 9e6a55b6).
 def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]], image_format: str = "png",
                    max_workers: int = 16, progress: bool = True) -> None:
     """PUT every ``(key, split, index)`` of ``items`` with a thread pool (notebook 01).
@@ -103,11 +107,13 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         bar.close()
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 19 (id 9e6a55b6).
 def existing_keys(client: Minio, bucket: str) -> set[str]:
     """Every data key already in the bucket (one recursive listing per split)."""
     return set(existing_objects(client, bucket))
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 19 (id 9e6a55b6).
 def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     """``{key: (size, ETag)}`` of every image in the bucket (the listing carries both: no GET).
 
@@ -119,6 +125,7 @@ def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     return {key: listed[key] for key in image_keys(listed, bucket)}
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 @dataclass(frozen=True)
 class UploadReport:
     """What :func:`upload_mnist` did: objects planned, uploaded, already present, and how long it took."""
@@ -145,6 +152,7 @@ class UploadReport:
                 f"({self.objects_per_second:,.0f} objects/s); {self.skipped:,} were already there.")
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
     """Write every data key of the bucket into one gzipped object; returns the number of keys."""
     keys = [k for k in keys if k.startswith(("train/", "test/"))]
@@ -154,6 +162,7 @@ def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
     return len(keys)
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
                            image_format: str) -> tuple[str, int, str]:
     """Begin a new append round, or pick up the one an interrupted call left behind."""
@@ -183,6 +192,7 @@ def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
     return marker["round"], marker["smoke_test_size"], marker["image_format"]
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png", append: bool = False,
                  max_workers: int = 16, client: Minio | None = None, progress: bool = True) -> UploadReport:
     """Upload MNIST, one image per object, in parallel; idempotent and resumable (notebook 01).
@@ -233,6 +243,7 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
                         "append" if append else "idempotent", repaired=len(damaged))
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 def check_one_format(bucket: str, existing: Iterable[str], image_format: str) -> None:
     """Refuse to mix PNG and JPEG in one bucket: the same image twice would make every listing count it twice."""
     others = sorted({key.rsplit(".", 1)[-1] for key in existing} - {image_format})
@@ -242,6 +253,7 @@ def check_one_format(bucket: str, existing: Iterable[str], image_format: str) ->
             f"image_format={others[0]!r}, or another bucket for {image_format}.")
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 def damaged_keys(existing: dict[str, tuple[int, str]], plan: list[tuple[str, str, int]],
                  image_format: str) -> set[str]:
     """Planned keys that exist with other bytes than their image (compared by size and ETag, no GET)."""
@@ -258,6 +270,7 @@ def damaged_keys(existing: dict[str, tuple[int, str]], plan: list[tuple[str, str
     return damaged
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
 def verify_upload(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png",
                   repair: bool = False, client: Minio | None = None) -> list[str]:
     """Keys of the canonical upload that are missing or differ from their image; with ``repair``, upload them again.

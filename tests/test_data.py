@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import cluster, listing, notebook, preprocess, stack, storage, upload
+from helpers import cluster, listing, notebook, preprocess, stack, storage, upload, worker_env
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
 
@@ -363,11 +363,11 @@ def test_a_notebook_shows_user_errors_in_one_line_and_other_errors_whole(capsys)
 
 
 def test_the_s3_keys_can_stay_out_of_ray_s_runtime_env(settings, monkeypatch):
-    monkeypatch.setenv(cluster.KEYS_FROM_CLUSTER_ENV, "true")  # the nodes have the keys themselves
+    monkeypatch.setenv(worker_env.KEYS_FROM_CLUSTER_ENV, "true")  # the nodes have the keys themselves
     shipped = cluster.cluster_runtime_env(settings)["env_vars"]
     assert "S3_SECRET_KEY" not in shipped and "S3_ACCESS_KEY" not in shipped
     assert shipped["S3_ENDPOINT"] == settings.s3_url and shipped["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "2"
-    monkeypatch.delenv(cluster.KEYS_FROM_CLUSTER_ENV)
+    monkeypatch.delenv(worker_env.KEYS_FROM_CLUSTER_ENV)
     assert cluster.cluster_runtime_env(settings)["env_vars"]["S3_SECRET_KEY"] == settings.s3_secret_key
 
 

@@ -2,6 +2,7 @@
 
 import ast
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -152,3 +153,51 @@ def test_helpers_pass_the_linter():
     result = subprocess.run([sys.executable, "-m", "ruff", "check", "helpers"], cwd=project_root(),
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]
+
+
+def helpers_imports() -> dict[str, set[str]]:
+    """Which helpers modules each helpers module imports, at the top or inside a function."""
+    modules = {p.stem for p in (project_root() / "helpers").glob("*.py")} - {"__init__"}
+    graph: dict[str, set[str]] = {}
+    for name in modules:
+        found = set()
+        for node in ast.walk(ast.parse((project_root() / "helpers" / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "helpers":
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("helpers."):
+                found.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[1] for alias in node.names if alias.name.startswith("helpers.")}
+        graph[name] = (found & modules) - {name}
+    return graph
+
+
+def test_no_import_circle_among_helpers_modules():
+    graph = helpers_imports()
+
+    def circle_from(start: str, path: list[str]) -> list[str] | None:
+        for nxt in sorted(graph[path[-1]]):
+            if nxt == start:
+                return [*path, start]
+            if nxt not in path and (found := circle_from(start, [*path, nxt])):
+                return found
+        return None
+
+    circles = [circle for name in sorted(graph) if (circle := circle_from(name, [name]))]
+    assert not circles, f"import circle: {' -> '.join(circles[0])}"
+    assert "stack" in graph["lab"] and "cluster" in graph["lab"]  # the walk sees imports
+
+
+def test_every_generated_definition_names_the_notebook_cell_that_teaches_it():
+    for notebook_name, module in export.EXPORTS.items():
+        notebook = project_root() / "notebooks" / notebook_name
+        cells = {cell_id: source for _, cell_id, source in export.saved_cells(notebook)}
+        lines = (project_root() / "helpers" / f"{module}.py").read_text().splitlines()
+        for node in ast.parse("\n".join(lines)).body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                continue
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            found = re.fullmatch(rf"# From notebooks/{re.escape(notebook_name)}, cell \d+ \(id (\w+)\)\.",
+                                 lines[first - 2])
+            assert found, f"helpers/{module}.py: {node.name} says nowhere which cell teaches it"
+            assert re.search(rf"^(class|def) {node.name}\b", cells[found.group(1)], re.M), node.name
