@@ -112,3 +112,34 @@ def test_catch_up_runs_only_the_notebooks_before_the_one_a_learner_joins_at(monk
                         or runner.NotebookRun(notebook.name, "ok", 0.0, output))
     assert runner.main(["--before", "04"]) == 0
     assert ran == ["01", "02", "03"] and "03_ray_data_preprocessing.ipynb" in capsys.readouterr().out
+
+
+# The mermaid flowchart syntax the notebooks use, checked strictly (the browser test renders every diagram
+# with JupyterLab's own mermaid as well): a node is an id with an optional quoted label in one of four shapes,
+# an edge an arrow with an optional label.
+_LABEL = r'"[^"\n]*"'
+_NODE = rf'[A-Za-z][A-Za-z0-9_]*(?:\[{_LABEL}\]|\[[A-Za-z0-9 _.-]+\]|\[\({_LABEL}\)\]|\{{{_LABEL}\}})?'
+_EDGE = rf'(?:-->|<-->|-\.->)(?:\|(?:{_LABEL}|[A-Za-z0-9 _]+)\|)?'
+_STATEMENT = re.compile(rf"\s*{_NODE}(?:\s*{_EDGE}\s*{_NODE})*\s*")
+
+
+def mermaid_errors(diagram: str) -> list[str]:
+    """The lines of a ``flowchart`` that do not follow the syntax above (empty when it parses)."""
+    lines = [line for line in diagram.strip().splitlines() if line.strip()]
+    if not lines or not re.fullmatch(r"flowchart (LR|RL|TD|TB|BT)", lines[0].strip()):
+        return [lines[0] if lines else "(empty diagram)"]
+    return [line for line in lines[1:] if not _STATEMENT.fullmatch(line)]
+
+
+def test_every_mermaid_diagram_parses():
+    for notebook in runner.notebook_paths():
+        for cell in json.loads(notebook.read_text())["cells"]:
+            for diagram in re.findall(r"```mermaid\n(.*?)```", "".join(cell["source"]), re.S):
+                assert not mermaid_errors(diagram), f"{notebook.name}: {mermaid_errors(diagram)}"
+
+
+def test_the_mermaid_check_refuses_what_mermaid_refuses():
+    broken = 'flowchart LR\n    TR -->|"tune.report each epoch"| SCASHA rung:<br/>in the top half?\n'  # 05 at 08382ef
+    assert mermaid_errors(broken) == ['    TR -->|"tune.report each epoch"| SCASHA rung:<br/>in the top half?']
+    assert mermaid_errors('flowchart LR\n    A["x"] -->|"y"| B{"z"}\n    B -.-> C[("d")]') == []
+    assert mermaid_errors("graph LR\n    A --> B") == ["graph LR"]
