@@ -95,7 +95,8 @@ def outage_during(error: BaseException, doing: str = "training") -> ObjectStoreU
     """The one-line error for a Ray run that failed because the object store stopped answering, else None.
 
     Ray Train reports a worker's failed checkpoint upload as a ``WorkerGroupError`` holding the worker's
-    whole traceback, which ends in pyarrow's ``AWS Error NETWORK_CONNECTION``.
+    whole traceback, which ends in pyarrow's ``AWS Error NETWORK_CONNECTION``; Ray Tune reports a trial's
+    failed checkpoint sync in its result grid's errors, with the same words.
     """
     text = str(error)
     if not _NO_CONNECTION.search(text):
@@ -104,7 +105,8 @@ def outage_during(error: BaseException, doing: str = "training") -> ObjectStoreU
     endpoint = f"http://{where.group(1)}:{where.group(2)}" if where else "the configured endpoint"
     return ObjectStoreUnreachable(
         f"The object store at {endpoint} stopped answering during {doing}. Start it again (`python -m "
-        "helpers.stack up`), then run the cells again: the run resumes from its last checkpoint in the bucket.")
+        "helpers.stack up`), then run the cells again: a training run resumes from its last checkpoint in the "
+        "bucket, a sweep starts over.")
 
 
 # Buckets the tutorial's own state lives in: deleting one needs force=True.

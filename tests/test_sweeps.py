@@ -178,3 +178,40 @@ def test_bad_sweep_sizes_fail_before_any_work(arrays, tune_bucket, settings):
     for size in (1,):  # too few images to hold any out for validation; checked before loading anything
         with pytest.raises(sweeps.ParameterError, match="cannot be split into training and validation"):
             sweeps.load_arrays(tune_bucket, size, settings)
+
+
+@pytest.mark.timeout(400)
+def test_an_object_store_outage_mid_sweep_is_one_line(settings, arrays, tmp_path):
+    """The store that holds the sweep's results and checkpoints dies while trials run: notebook 05's check of the
+    result grid ends in the same one line as a training run's, naming the store and the fix."""
+    import threading
+    import time
+
+    from helpers import notebook, stack, storage
+    from helpers.config import load_settings
+
+    state = tmp_path / "store"
+    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
+             with_ray=False)
+    try:
+        private = load_settings(environ={}, stack_state=state)
+        storage.ensure_bucket(storage.get_client(private), "sweeps")
+        resources = cluster.init_ray(settings)
+        trainable, extra = sweeps.make_trainable(arrays, 0, 1, resources["CPU"], "sweeps/x")
+        space = {**sweeps.search_space(), "epochs": 400, "seed": 0, **extra}
+        tuner = sweeps.make_tuner(trainable, space, sweeps.make_searcher("hyperopt", [sweeps.KNOWN_GOOD], 0), None,
+                                  1, 1, training.unique_run_name("outage"), "sweeps/tune-results", private)
+        threading.Thread(target=lambda: (time.sleep(12), stack.kill_service("seaweedfs", state)), daemon=True).start()
+        failed = None
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), training.interrupt_handler_restored():
+                results = tuner.fit()
+            if results.errors:  # what notebook 05 does with them
+                raise RuntimeError(f"{len(results.errors)} trials failed; first: {results.errors[0]}")
+        except Exception as error:  # noqa: BLE001 - Tune may also raise itself
+            failed = error
+        assert failed is not None, "the sweep noticed the outage"
+        assert notebook.user_error_line(failed).startswith(
+            f"ObjectStoreUnreachable: The object store at {private.s3_url} stopped answering during training.")
+    finally:
+        stack.down(state)

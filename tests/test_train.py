@@ -393,8 +393,8 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
         watcher.join(timeout=5)
         assert notebook.user_error_line(failed.value) == (
             f"ObjectStoreUnreachable: The object store at {private.s3_url} stopped answering during training. "
-            "Start it again (`python -m helpers.stack up`), then run the cells again: the run resumes from its "
-            "last checkpoint in the bucket.")
+            "Start it again (`python -m helpers.stack up`), then run the cells again: a training run resumes "
+            "from its last checkpoint in the bucket, a sweep starts over.")
         stopped = client.search_runs([experiment])[0]
         assert stopped.info.status == "FAILED" and stopped.data.tags[tracking.RESUMABLE_TAG] == "true"
 
