@@ -253,13 +253,13 @@ def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: i
 PACKED_PREFIX = "packed"
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def normalise_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``read_images`` rows (``image`` uint8, ``label``) -> the same batches as the other readers."""
     return {"X": normalise(batch["image"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None,
                         settings: Settings | None = None):
     """Images via ``ray.data.read_images`` over pyarrow S3, the label from the folder name (notebook 03).
@@ -276,7 +276,7 @@ def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] |
     return ds.map_batches(normalise_images, batch_size=1000)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarray]:
     """Pointer rows -> what a Parquet shard stores: key, label and the decoded ``uint8 [28, 28]`` pixels.
 
@@ -291,7 +291,7 @@ def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarra
 CURRENT_FILE = "CURRENT"  # names the folder of the complete set of shards
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4,
                         settings: Settings | None = None) -> str:
     """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/<version>/``.
@@ -321,7 +321,7 @@ def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int =
     return f"{base}/{version}"
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def packed_path(bucket: str, split: str = "train", settings: Settings | None = None) -> str:
     """The folder of the current packed shards of ``split``.
 
@@ -337,13 +337,13 @@ def packed_path(bucket: str, split: str = "train", settings: Settings | None = N
                            "pack_parquet_shards(ds, bucket) (notebook 03).") from None
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def scale_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Packed rows (``pixels`` uint8, ``label``) -> the same normalised batches as the other readers."""
     return {"X": normalise(batch["pixels"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
 def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings | None = None):
     """The packed shards via ``ray.data.read_parquet``, scaled to the same batches as the other readers.
 
@@ -366,14 +366,14 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     return ds.select_columns(["label", "pixels"]).map_batches(scale_packed, batch_size=4096)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 29 (id 887309d0).
 def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
     """The same pointers in a seeded random order (listings come back sorted by label)."""
     order = np.random.default_rng(seed).permutation(len(X))
     return [X[i] for i in order], [int(y[i]) for i in order]
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 29 (id 887309d0).
 def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
                   seed: int = 0, batch_size: int = 400):
     """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
@@ -404,7 +404,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
                               table.filter(pc.invert(in_train)).drop_columns(["row"])))
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 29 (id 887309d0).
 def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:
     """All ``X`` and ``y`` of a (small, materialised) dataset as numpy arrays."""
     xs, ys = [], []

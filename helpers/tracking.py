@@ -176,8 +176,8 @@ def as_metrics(metrics: Mapping[str, float], step: int = 0) -> list:
 GIT_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own tag for the code version
 
 
-def lineage_tags() -> dict[str, str]:
-    """``{"mlflow.source.git.commit": <sha>}`` for the repository this code runs from ({} outside a git checkout)."""
+def git_commit() -> str | None:
+    """The commit of the repository this code runs from (None outside a git checkout)."""
     import subprocess
 
     from helpers.config import project_root
@@ -186,8 +186,14 @@ def lineage_tags() -> dict[str, str]:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True,
                              timeout=5).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return {}
-    return {GIT_COMMIT_TAG: sha} if len(sha) == 40 else {}
+        return None
+    return sha if len(sha) == 40 else None
+
+
+def lineage_tags() -> dict[str, str]:
+    """``{"mlflow.source.git.commit": <sha>}`` for the repository this code runs from ({} outside a git checkout)."""
+    commit = git_commit()
+    return {GIT_COMMIT_TAG: commit} if commit else {}
 
 
 def run_url(uri: str, experiment: str, run_id: str) -> str:

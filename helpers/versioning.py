@@ -66,27 +66,27 @@ def bound_requests(client, connect_timeout: float = 5.0, read_timeout: float = 1
     rest.request = request
 
 
-def connect(settings: Settings | None = None, timeout: float = 5.0):
-    """A ``lakefs.Client`` for the configured server, checked with one request.
+def require_lakefs(settings: Settings) -> None:
+    """Raise :class:`LakeFSUnavailable` (with how to get one) unless a lakeFS endpoint and its keys are configured.
 
-    The endpoint and keys come from ``LAKEFS_*`` settings only (passed
-    explicitly, so a stray ``~/.lakectl.yaml`` or ``LAKECTL_*`` variable
-    can't redirect the tutorial).
-
-    Raises:
-        LakeFSUnavailable: nothing is configured, or the server does not answer.
-        LakeFSAuthError: the server rejected the keys.
+    The endpoint and keys come from ``LAKEFS_*`` settings only (passed to ``lakefs.Client`` explicitly, so a
+    stray ``~/.lakectl.yaml`` or ``LAKECTL_*`` variable can't redirect the tutorial).
     """
-    import lakefs
-    import urllib3
-
-    settings = settings or load_settings()
     if not settings.lakefs_endpoint:
         raise LakeFSUnavailable(f"No lakeFS server is configured. {HOW_TO_GET_LAKEFS}")
     if not settings.lakefs_access_key or not settings.lakefs_secret_key:
         raise ConfigError("LAKEFS_ENDPOINT is set but LAKEFS_ACCESS_KEY_ID / LAKEFS_SECRET_ACCESS_KEY are not.")
-    client = lakefs.Client(host=settings.lakefs_endpoint, username=settings.lakefs_access_key,
-                           password=settings.lakefs_secret_key)
+
+
+def check_client(client, settings: Settings, timeout: float = 5.0):
+    """``client`` (a ``lakefs.Client``) with bounded requests, once one request showed the server answers.
+
+    Raises:
+        LakeFSUnavailable: the server does not answer (in ``timeout`` seconds).
+        LakeFSAuthError: the server rejected the keys.
+    """
+    import urllib3
+
     bound_requests(client)
     try:
         client.sdk_client.config_api.get_config(_request_timeout=timeout)
@@ -103,6 +103,22 @@ def connect(settings: Settings | None = None, timeout: float = 5.0):
             ) from None
         raise LakeFSUnavailable(f"lakeFS at {settings.lakefs_endpoint} answered with an error: {err}") from None
     return client
+
+
+def connect(settings: Settings | None = None, timeout: float = 5.0):
+    """A checked ``lakefs.Client`` for the configured server (notebook 06 shows the same steps one by one).
+
+    Raises:
+        LakeFSUnavailable: nothing is configured, or the server does not answer.
+        LakeFSAuthError: the server rejected the keys.
+    """
+    import lakefs
+
+    settings = settings or load_settings()
+    require_lakefs(settings)
+    client = lakefs.Client(host=settings.lakefs_endpoint, username=settings.lakefs_access_key,
+                           password=settings.lakefs_secret_key)
+    return check_client(client, settings, timeout)
 
 
 @contextlib.contextmanager

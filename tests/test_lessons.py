@@ -21,16 +21,17 @@ LESSONS = {
            "ThreadPoolExecutor("],
     "03": ["from_items(", "def preprocess_batch", "map_batches(fn_kwargs=", "class ObjectPreprocessor",
            "map_batches(concurrency=", "materialize(", "iter_torch_batches(", "read_images(filesystem=",
-           "write_parquet(", "read_parquet(", "remote("],
+           "write_parquet(", "read_parquet(", "remote(", "S3FileSystem(endpoint_override=", "S3FileSystem(scheme="],
     "04": ["def train_func_per_worker", "get_dataset_shard(", "iter_torch_batches(", "prepare_model(",
            "all_reduce(", "report(checkpoint=", "from_directory(", "log_batch(", "get_checkpoint(",
            "TorchTrainer(", "ScalingConfig(", "RunConfig(storage_path=", "RunConfig(storage_filesystem=",
-           "CheckpointConfig(", "FailureConfig(", "fit(", "create_run(", "set_terminated(", "log_artifact("],
+           "CheckpointConfig(", "FailureConfig(", "fit(", "create_run(", "set_terminated(", "log_artifact(",
+           "get_experiment_by_name(", "create_experiment(", "create_run(tags="],
     "05": ["def objective", "with_parameters(", "HyperOptSearch(points_to_evaluate=", "ASHAScheduler(",
            "TuneConfig(", "Tuner(", "fit(", "get_best_result(", "report(checkpoint=", "create_run(tags=",
            "TorchTrainer("],
     "06": ["repository(", "create(", "import_data(", "create(source_reference=", "upload(", "commit(metadata=",
-           "diff(", "merge_into(", "tag(", "ref(", "reader(", "remote("],
+           "diff(", "merge_into(", "tag(", "ref(", "reader(", "remote(", "Client(host=", "Client(password="],
 }
 
 
