@@ -61,12 +61,13 @@ NAMESPACE_MARKER_DATA = b"this is dummy data - created by lakeFS to check access
 
 
 class ApiError(Exception):
-    """An error answered to the client as ``Error`` JSON with an HTTP status."""
+    """An error answered to the client as ``Error`` JSON with an HTTP status (``body`` where lakeFS answers another)."""
 
-    def __init__(self, status: HTTPStatus, message: str):
+    def __init__(self, status: HTTPStatus, message: str, body=None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.body = body
 
 
 @dataclass(frozen=True)
@@ -483,7 +484,7 @@ class Handler(BaseHTTPRequestHandler):
             raise ApiError(HTTPStatus.NOT_FOUND, f"no such endpoint: {self.command} {route}")
         except ApiError as err:
             self._body()  # an unread request body would be taken for the next request
-            self._json(err.status, models.Error(message=err.message))
+            self._json(err.status, err.body if err.body is not None else models.Error(message=err.message))
         except Exception as err:  # a bug in the double: say so plainly
             self._json(HTTPStatus.INTERNAL_SERVER_ERROR, models.Error(message=f"test double error: {err!r}"))
 
@@ -685,7 +686,9 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 tree[path] = s
         if conflicts:
-            raise ApiError(HTTPStatus.CONFLICT, f"conflict found: {', '.join(conflicts[:5])}")
+            # lakeFS answers a conflict with an empty MergeResult (its API declares that schema for 409)
+            raise ApiError(HTTPStatus.CONFLICT, f"conflict found: {', '.join(conflicts[:5])}",
+                           models.MergeResult(reference=""))
         parents = [dest_commit.id] if body.squash_merge else [dest_commit.id, src_commit.id]
         message = body.message or f"Merge '{source}' into '{destination}'"
         metadata = {**(body.metadata or {}), MERGE_STRATEGY_KEY: MERGE_STRATEGIES[body.strategy]}

@@ -160,6 +160,14 @@ def exercise(settings, source_bucket: str) -> None:
     list(repo.tags())
     assert client.sdk_client.tags_api.get_tag(name, "scratch-tag").commit_id == imported.commit_id
     repo.tag("scratch-tag").delete()
+    for side, text in (("notes-a", "a"), ("notes-b", "b")):  # notebook 06's exercise 3: a conflict, then resolved
+        branch = repo.branch(side).create("scratch")
+        branch.object("notes.txt").upload(text, mode="w", pre_sign=False)
+        branch.commit(f"notes from {side}")
+    repo.branch("notes-a").merge_into(scratch)
+    refused(lambda: repo.branch("notes-b").merge_into(scratch), lakefs.exceptions.ConflictException)
+    repo.branch("notes-b").merge_into(scratch, strategy="source-wins")
+    assert exp.read_bytes(repo, "scratch", "notes.txt") == b"b"
 
     refused(lambda: lakefs.repository("no-such-repository", client=client).properties)
     refused(lambda: repo.branch("scratch").create(imported.commit_id))
