@@ -181,23 +181,57 @@ def cell_durations(notebook: Path, minimum: float = 0.5) -> list[dict]:
     return cells
 
 
+def summary_facts(notebook: Path) -> dict:
+    """The facts an executed notebook's summary cell displayed (its JSON), or {} when it has none."""
+    for cell in json.loads(notebook.read_text())["cells"]:
+        if "summary" in cell.get("metadata", {}).get("tags", []):
+            for output in cell.get("outputs", []):
+                if "application/json" in output.get("data", {}):
+                    return output["data"]["application/json"]
+    return {}
+
+
+def mlflow_spans(facts: dict, tracking_uri: str) -> list[dict]:
+    """Spans measured from outside the lesson code, with MLflow's own timestamps.
+
+    Notebook 04's rank 0 logs each epoch as it ends: the metric's timestamps mark the epochs
+    ("train: epoch logged", zero-length). Notebook 05's trials are child runs: their start and
+    end times are the trials ("tune: trial").
+    """
+    from mlflow.tracking import MlflowClient
+
+    client, spans = MlflowClient(tracking_uri), []
+    if facts.get("MLflow run id"):
+        for metric in client.get_metric_history(facts["MLflow run id"], "train_loss"):
+            spans.append({"label": "train: epoch logged", "start": metric.timestamp / 1000,
+                          "end": metric.timestamp / 1000})
+    if facts.get("MLflow parent run id"):
+        parent = client.get_run(facts["MLflow parent run id"])
+        for run in client.search_runs([parent.info.experiment_id],
+                                      filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'"):
+            if run.info.end_time:
+                spans.append({"label": "tune: trial", "start": run.info.start_time / 1000,
+                              "end": run.info.end_time / 1000})
+    return spans
+
+
 def breakdown(spans: list[dict]) -> dict[str, dict]:
-    """Spans summed by label, plus Ray Train's start and teardown (gaps around the workers' epochs)."""
+    """Spans summed by label, plus Ray Train's start, epochs and teardown (from the epochs MLflow logged)."""
     table: dict[str, dict] = {}
+    marks = sorted(s["end"] for s in spans if s["label"] == "train: epoch logged")
     for span in spans:
+        if span["label"] == "train: epoch logged":
+            continue
         row = table.setdefault(span["label"], {"seconds": 0.0, "count": 0})
         row["seconds"] += span["end"] - span["start"]
         row["count"] += 1
     training = [s for s in spans if s["label"] == "training"]
-    epochs = sorted((s for s in spans if s["label"].startswith("train: ")), key=lambda s: s["start"])
-    if training and epochs:
+    if training and marks:
         fit = training[-1]
-        table["train: start (fit to first epoch)"] = {"seconds": epochs[0]["start"] - fit["start"], "count": 1}
-        if epochs[0]["label"] == "train: worker set-up":  # Ray Train's own part: controller and worker group
-            table["train: worker group start (fit to the loop)"] = {"seconds": epochs[0]["start"] - fit["start"],
-                                                                    "count": 1}
-        table["train: teardown (last report to fit's return)"] = {
-            "seconds": fit["end"] - max(s["end"] for s in epochs), "count": 1}
+        table["train: start (fit to the first epoch's end)"] = {"seconds": marks[0] - fit["start"], "count": 1}
+        if len(marks) > 1:
+            table["train: epochs after the first"] = {"seconds": marks[-1] - marks[0], "count": len(marks) - 1}
+        table["train: teardown (last epoch's end to fit's return)"] = {"seconds": fit["end"] - marks[-1], "count": 1}
     return {label: {"seconds": round(row["seconds"], 2), "count": row["count"]} for label, row in table.items()}
 
 
@@ -218,6 +252,7 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], 
     Every process writes its spans to ``spans_file`` (``SMOKE_TIMINGS``); a notebook's
     are the ones that ended while it ran (they run one after another).
     """
+    from helpers.config import load_settings
     from helpers.runner import execute
 
     rows = []
@@ -227,6 +262,8 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], 
         ended = time.time()
         print(f"  {notebook.name}: {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
         spans = [s for s in (timings.read(spans_file) if spans_file.is_file() else []) if began <= s["end"] <= ended]
+        if run.output.is_file():
+            spans += mlflow_spans(summary_facts(run.output), load_settings().mlflow_tracking_uri)
         rows.append({"notebook": notebook.name[:2], "status": run.status, "seconds": round(run.seconds, 2),
                      "breakdown": breakdown(spans),
                      "cells": cell_durations(run.output) if run.output.is_file() else []})

@@ -18,6 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -213,60 +214,71 @@ def use_token_auth() -> None:
         Config.initialize("")
 
 
-def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quiet: bool = True,
-             dashboard: bool = False, log_to_driver: bool = False, address: str | None = None) -> dict[str, Any]:
-    """Join or start Ray with the service settings passed to every worker (notebooks 03-06).
+@dataclass
+class RayConnection:
+    """What ``ray.init`` needs to join (or start) the right Ray: see :func:`ray_connection`."""
 
-    Args:
-        settings: where the services are; :func:`helpers.config.load_settings` by default.
-        num_cpus: CPUs for a Ray started here (default: all); a running Ray keeps its own.
-        quiet: hide Ray's log lines and Ray Data progress bars in notebook outputs.
-        dashboard: start the Ray dashboard with a Ray started here (costs memory and CPU on a laptop).
-        log_to_driver: show worker stdout in the driver (off: workers write to a log file instead).
-        address: a cluster to join, or ``"local"`` for a fresh Ray in this process; by default
-            ``RAY_ADDRESS`` from the settings, else the stack's Ray when it is up, else ``"local"``.
+    address: str  # a cluster's "host:port", or "local" for a fresh Ray in this process
+    runtime_env: dict[str, Any] | None  # the service settings every worker gets
+    environment: contextlib.AbstractContextManager  # what a local Ray inherits, entered around ray.init
+    local_options: dict[str, Any] = field(default_factory=dict)  # num_cpus, include_dashboard for a local Ray
 
-    Returns:
-        The cluster's resources (``ray.cluster_resources()``); the running
-        cluster's when Ray is already started.
+
+def ray_connection(settings: Settings | None = None, address: str | None = None, num_cpus: int | None = None,
+                   dashboard: bool = False) -> RayConnection:
+    """Where to join Ray and with what, checked within seconds (notebooks 03-06).
+
+    ``address``: a cluster to join, or ``"local"``; by default ``RAY_ADDRESS`` from the settings, else the
+    stack's Ray when it is up (with its token), else ``"local"``. A cluster that does not answer raises
+    :class:`RayUnavailable` in one line instead of Ray's endless retries.
     """
-    import ray
-
     settings = settings or load_settings()
-    if ray.is_initialized():
-        return ray.cluster_resources()
     address, service = where_ray_runs(settings, address)
-    runtime_env: dict[str, Any] | None = None
-    environment: contextlib.AbstractContextManager = contextlib.nullcontext()
     if address == "local":
         loopback_only()
         defaults = {name: value for name, value in LOCAL_RAY_DEFAULTS.items() if name not in os.environ}
-        environment = inherited_environment({**defaults, **settings_env(settings)})
-    elif service is not None:
+        return RayConnection(address, None, inherited_environment({**defaults, **settings_env(settings)}),
+                             {"num_cpus": num_cpus, "include_dashboard": dashboard})
+    if service is not None:
         loopback_only()  # the driver's node is 127.0.0.1, where the stack's Ray listens
         if service.get("auth") == "token":
             use_token_auth()
-        runtime_env = stack_ray_runtime_env(settings, service)
-    else:  # a cluster: RAY_ADDRESS (or the address argument)
-        if check_cluster(address):
-            loopback_only()
-        runtime_env = cluster_runtime_env(settings)
-    started = time.time()
-    with environment:
-        ray.init(
-            address=address,
-            num_cpus=num_cpus if address == "local" else None,
-            include_dashboard=dashboard if address == "local" else None,
-            logging_level=logging.ERROR if quiet else logging.INFO,
-            log_to_driver=log_to_driver,
-            runtime_env=runtime_env,
-            ignore_reinit_error=True,
-        )
-    timings.record("ray start", started)
+        return RayConnection(address, stack_ray_runtime_env(settings, service), contextlib.nullcontext())
+    if check_cluster(address):  # a cluster: RAY_ADDRESS (or the address argument)
+        loopback_only()
+    return RayConnection(address, cluster_runtime_env(settings), contextlib.nullcontext())
+
+
+def joined(quiet: bool = True, started: float | None = None) -> dict[str, Any]:
+    """After ``ray.init``: Ray Data's defaults for a laptop, Ray's log lines hidden; the cluster's resources."""
+    import ray
+
+    if started is not None:
+        timings.record("ray start", started)
     data_context_defaults()
     if quiet:
         quiet_ray()
     return ray.cluster_resources()
+
+
+def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quiet: bool = True,
+             dashboard: bool = False, log_to_driver: bool = False, address: str | None = None) -> dict[str, Any]:
+    """Join or start Ray with the service settings passed to every worker; the cluster's resources.
+
+    What notebook 03 shows in the open (:func:`ray_connection`, ``ray.init``, :func:`joined`), in one call
+    for notebooks 04-06. A Ray already started here is kept as it is.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    where = ray_connection(settings, address, num_cpus, dashboard)
+    started = time.time()
+    with where.environment:
+        ray.init(address=where.address, runtime_env=where.runtime_env, log_to_driver=log_to_driver,
+                 logging_level=logging.ERROR if quiet else logging.INFO, ignore_reinit_error=True,
+                 **where.local_options)
+    return joined(quiet, started)
 
 
 def shutdown_ray() -> None:

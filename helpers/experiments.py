@@ -24,9 +24,10 @@ from helpers.listing import split_train_test
 from helpers.preprocess import decode_images
 from helpers.storage import (REPAIR_HINT, ObjectDecodeError, bucket_not_found, endpoint_of, ensure_bucket, get_client,
                              object_store_errors)
-from helpers.training import accuracy, log_dataset, log_torch_model, make_optimizer, model_from_params
+from helpers.training import (accuracy, checkpoint_state, load_checkpoint, log_dataset, log_torch_model,
+                              make_optimizer, model_from_params)
 from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store, connect,
-                                lakefs_errors, storage_namespace)
+                                current_import, lakefs_errors, storage_namespace, wait_for_import)
 
 INGEST_BRANCH = "ingest"
 EXPERIMENT_PREFIX = "exp-"
@@ -35,7 +36,7 @@ EXPERIMENT_FILES = (MODEL_PATH, PARAMS_PATH, METRICS_PATH)
 MLFLOW_EXPERIMENT = "lakefs-experiments"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 6 (id ac3478d6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 8 (id 37e4b957).
 def ensure_repository(client, name: str, settings: Settings | None = None, bucket: str = LAKEFS_BUCKET):
     """The repository ``name`` (a ``lakefs.Repository``), created with its namespace bucket if missing.
 
@@ -52,7 +53,7 @@ def ensure_repository(client, name: str, settings: Settings | None = None, bucke
     return repo
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 11 (id fe5dbbce).
 @dataclass
 class ImportResult:
     """What an import committed: the commit id, objects imported, seconds, and whether it was reused."""
@@ -67,7 +68,7 @@ class ImportResult:
         return f"{self.objects:,} objects {how} (commit {self.commit_id[:12]})"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 13 (id 0bdc09e2).
 def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
     """Objects and bytes stored under ``prefix`` of ``bucket`` (an import copies nothing)."""
     client = client or get_client()
@@ -79,44 +80,33 @@ def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
     return {"objects": objects, "bytes": size}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id d9925dc7).
 def list_paths(repo, ref: str, prefix: str) -> list[str]:
     """Every object path under ``prefix`` at ``ref`` (a branch, tag or commit id), sorted."""
     with lakefs_errors(f"listing {prefix} at {ref}"):
         return sorted(o.path for o in repo.ref(ref).objects(prefix=prefix))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id e0648050).
 def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("train/", "test/"),
-                       branch: str = INGEST_BRANCH, poll_seconds: float = 0.5, force: bool = False,
-                       settings: Settings | None = None, timeout: float = 1800.0) -> ImportResult:
+                       branch: str = INGEST_BRANCH, force: bool = False, settings: Settings | None = None,
+                       timeout: float = 1800.0) -> ImportResult:
     """Zero-copy import of ``s3://<bucket>/<prefix>`` for each prefix into ``branch`` (notebook 06).
 
-    The last import is reused only when lakeFS holds exactly the bucket's objects: the same
-    keys with the same ETags. An object overwritten in the bucket since is imported again,
-    so a commit id always names the bytes it was made from.
-
-    Raises:
-        BucketNotFound: the source bucket does not exist.
-        LakeFSError: the import failed (the message is lakeFS's) or took longer than ``timeout`` seconds
-            (it is cancelled then).
+    The last import is reused while the bucket holds the same objects. A missing bucket raises
+    ``BucketNotFound``; a refused, failed or overdue import (cancelled then) a ``LakeFSError``.
     """
     sources = ",".join(f"s3://{bucket}/{p}" for p in prefixes)
-    client = get_client(settings or load_settings())
-    with object_store_errors(client, bucket):
-        if not client.bucket_exists(bucket):
-            raise bucket_not_found(endpoint_of(client), bucket)
+    s3 = get_client(settings or load_settings())
+    with object_store_errors(s3, bucket):
+        if not s3.bucket_exists(bucket):
+            raise bucket_not_found(endpoint_of(s3), bucket)
     with lakefs_errors(f"preparing branch {branch!r}"):
         target = repo.branch(branch).create(repo.properties.default_branch, exist_ok=True)
         head = target.get_commit()
-    if not force and head.metadata.get("import_source") == sources:
-        with lakefs_errors(f"listing {branch!r}"):
-            held = {o.path: o.checksum for prefix in prefixes for o in repo.ref(head.id).objects(prefix=prefix)}
-        with object_store_errors(client, bucket):
-            stored = {o.object_name: (o.etag or "").strip('"') for prefix in prefixes
-                      for o in client.list_objects(bucket, prefix=prefix, recursive=True)}
-        if held == stored:
-            return ImportResult(head.id, len(held), 0.0, True)
+    held = None if force else current_import(repo, head, bucket, prefixes, s3)  # same keys, same ETags
+    if held is not None:
+        return ImportResult(head.id, held, 0.0, True)
 
     started = time.perf_counter()
     manager = target.import_data(commit_message=f"Zero-copy import of {', '.join(prefixes)} from s3://{bucket}",
@@ -125,36 +115,24 @@ def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("
         manager.prefix(f"s3://{bucket}/{prefix}", destination=prefix)
     with lakefs_errors(f"importing {sources}"):
         manager.start()
-        deadline = time.monotonic() + timeout
-        # Poll here rather than manager.wait(): that runs asyncio.run(), which fails inside Jupyter's loop.
-        while True:
-            status = manager.status()
-            if status.error is not None:
-                raise LakeFSError(f"importing {sources}: {status.error.message}")
-            if status.completed:
-                break
-            if time.monotonic() > deadline:
-                manager.cancel()
-                raise LakeFSError(f"importing {sources} did not finish within {timeout:.0f} s and was cancelled "
-                                  "(nothing was committed): run it again, with a larger timeout= for a large bucket.")
-            time.sleep(poll_seconds)
+        status = wait_for_import(manager, sources, timeout)  # polls the status until it completes
     return ImportResult(status.commit.id, int(status.ingested_objects or 0), time.perf_counter() - started, False)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 21 (id 17ba0791).
 def read_bytes(repo, ref: str, path: str) -> bytes:
     """One object's bytes at ``ref`` (a branch, tag or commit id), read through the lakeFS API."""
     with lakefs_errors(f"reading {path} at {ref}"), repo.ref(ref).object(path).reader(mode="rb", pre_sign=False) as f:
         return f.read()
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 23 (id 3d3158aa).
 def read_json(repo, ref: str, path: str) -> dict[str, Any]:
     """A JSON object stored at ``path`` in ``ref``."""
     return json.loads(read_bytes(repo, ref, path))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 25 (id fb342e8b).
 def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
     """A seeded, shuffled subset of at most ``limit`` paths (0 = all): the same list for the same commit."""
     order = np.random.default_rng(seed).permutation(len(paths))
@@ -162,7 +140,7 @@ def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
     return chosen[:limit] if limit else chosen
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 12 (id 17ba0791).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 27 (id 4949d9e1).
 def read_split(repo, ref: str, split: str, limit: int = 0, seed: int = 0,
                threads: int = 8) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Images, labels and paths of ``split`` ("train" or "test") as stored at ``ref``: listing and bytes from lakeFS."""
@@ -193,7 +171,7 @@ BASE_PARAMS: dict[str, Any] = {
 }
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 32 (id 6639731b).
 def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
     """Full training parameters: :data:`BASE_PARAMS`, the optimizer's default lr, then ``overrides``."""
     unknown = set(overrides) - set(BASE_PARAMS) - {"lr"}
@@ -214,7 +192,7 @@ def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
     return params
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 34 (id abfefeb8).
 def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_epoch=None):
     """Train a model deterministically (seeded, one thread); returns it and the per-epoch mean loss."""
     threads = torch.get_num_threads()
@@ -245,7 +223,7 @@ def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_
         torch.set_num_threads(threads)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 36 (id f6ce6be9).
 def evaluate(net, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, float]:
     """Test accuracy and mean loss, computed from the model (nothing added to them)."""
     net.eval()
@@ -255,16 +233,7 @@ def evaluate(net, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, float]:
                 "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
-def load_model(repo, ref: str):
-    """The model committed at ``ref`` (``artifacts/model.pt``), ready for inference."""
-    saved = torch.load(io.BytesIO(read_bytes(repo, ref, MODEL_PATH)), map_location="cpu", weights_only=True)
-    net = model_from_params(saved["params"])
-    net.load_state_dict(saved["model_state"])
-    return net.eval()
-
-
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 38 (id a854714a).
 def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], extra: Mapping[str, str]) -> dict:
     """Commit metadata (string values only): ``param.<name>`` and ``metric.<name>`` as JSON, plus ``extra``."""
     out = {f"param.{k}": json.dumps(v) for k, v in params.items()}
@@ -273,14 +242,14 @@ def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], ext
     return out
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 40 (id 961defa6).
 def decode_metadata(metadata: Mapping[str, str], kind: str) -> dict[str, Any]:
     """The ``param`` or ``metric`` values back from commit metadata."""
     head = f"{kind}."
     return {k[len(head):]: json.loads(v) for k, v in metadata.items() if k.startswith(head)}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 42 (id 3454d042).
 @dataclass
 class ExperimentResult:
     """One experiment as committed: branch, commit id, params, metrics, MLflow run id, seconds."""
@@ -293,17 +262,51 @@ class ExperimentResult:
     seconds: float
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 44 (id 3222a55e).
 def lakefs_source(repo_name: str, commit_id: str, prefix: str) -> str:
     """The S3 URI of a prefix at a commit through lakeFS's S3 gateway: ``s3://<repository>/<commit>/<prefix>``."""
     return f"s3://{repo_name}/{commit_id}/{prefix}"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 15 (id fa35e192).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 46 (id 4dc7ffc9).
+def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Mapping[str, Any],
+                         experiment: str, lineage: Mapping[str, str] | None) -> str:
+    """An MLflow run for the experiment, tagged with its lakeFS data commit, its inputs named at that commit."""
+    commit = params["data_commit"]
+    run_id = mlflow_client.create_run(
+        tracking.experiment_id(mlflow_client, experiment), run_name=branch,
+        tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": commit, **(lineage or {})},
+    ).info.run_id
+    mlflow_client.log_batch(run_id, params=tracking.as_params(params))
+    for split, context in (("train", "training"), ("test", "testing")):
+        log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, commit, f"{split}/"),
+                    params[f"{split}_images"], context, tags={"lakefs.commit": commit})
+    return run_id
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 48 (id 1d0a645d).
+def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics: Mapping[str, float],
+                      extra: Mapping[str, str]):
+    """Upload the model (notebook 04's checkpoint format), config and metrics to ``branch``; commit them together."""
+    model = io.BytesIO()
+    torch.save(checkpoint_state(net, None, params["epochs"], [], dict(params)), model)
+    target = repo.branch(branch)
+    with lakefs_errors(f"committing experiment {branch!r}"):
+        target.object(MODEL_PATH).upload(model.getvalue(), mode="wb", pre_sign=False,
+                                         content_type="application/octet-stream")
+        target.object(PARAMS_PATH).upload(json.dumps(params, indent=2), mode="w", pre_sign=False,
+                                          content_type="application/json")
+        target.object(METRICS_PATH).upload(json.dumps(metrics, indent=2), mode="w", pre_sign=False,
+                                           content_type="application/json")
+        return target.commit(f"Experiment {branch}: model, config and metrics",
+                             metadata=encode_metadata(params, metrics, extra))
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 50 (id dbb7c8fc).
 def train_experiment(settings: Settings, repo_name: str, branch: str, overrides: Mapping[str, Any],
                      mlflow_experiment: str = MLFLOW_EXPERIMENT, lineage: Mapping[str, str] | None = None,
                      ) -> ExperimentResult:
-    """Train one experiment on its branch and commit the model, config and metrics together (notebook 06)."""
+    """Train one experiment on its branch's data and commit the model, config and metrics together (notebook 06)."""
     import mlflow
 
     started = time.perf_counter()
@@ -314,18 +317,9 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
     x_train, y_train, _ = read_split(repo, data_commit, "train", params["train_size"], params["seed"])
     x_test, y_test, _ = read_split(repo, data_commit, "test", params["test_size"], params["seed"])
     params.update(data_commit=data_commit, train_images=len(y_train), test_images=len(y_test))
-
-    mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
-    run_id = mlflow_client.create_run(
-        tracking.experiment_id(mlflow_client, mlflow_experiment), run_name=branch,
-        tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": data_commit,
-              **(lineage or {})},
-    ).info.run_id
+    mlflow_client, run_id = MlflowClient(settings.mlflow_tracking_uri), None
     try:  # the run ends FAILED (or KILLED) if anything below stops it, never RUNNING
-        mlflow_client.log_batch(run_id, params=tracking.as_params(params))
-        for split, images, context in (("train", y_train, "training"), ("test", y_test, "testing")):
-            log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, data_commit, f"{split}/"),
-                        len(images), context, tags={"lakefs.commit": data_commit})
+        run_id = start_experiment_run(mlflow_client, repo_name, branch, params, mlflow_experiment, lineage)
         net, losses = fit(params, x_train, y_train, on_epoch=lambda epoch, loss: mlflow_client.log_metric(
             run_id, "train_loss", loss, step=epoch))
         metrics = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
@@ -333,21 +327,9 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
         mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
         with mlflow.start_run(run_id=run_id):
             model_uri = log_torch_model(net, x_test[:5]).model_uri
-
-        model = io.BytesIO()
-        torch.save({"model_state": net.state_dict(), "params": params}, model)
-        target = repo.branch(branch)
-        with lakefs_errors(f"committing experiment {branch!r}"):
-            target.object(MODEL_PATH).upload(model.getvalue(), mode="wb", pre_sign=False,
-                                             content_type="application/octet-stream")
-            target.object(PARAMS_PATH).upload(json.dumps(params, indent=2), mode="w", pre_sign=False,
-                                              content_type="application/json")
-            target.object(METRICS_PATH).upload(json.dumps(metrics, indent=2), mode="w", pre_sign=False,
-                                               content_type="application/json")
-            extra = {"experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
-                     "mlflow_model_uri": model_uri}
-            commit = target.commit(f"Experiment {branch}: model, config and metrics",
-                                   metadata=encode_metadata(params, metrics, extra))
+        commit = commit_experiment(repo, branch, net, params, metrics, {
+            "experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
+            "mlflow_model_uri": model_uri})
         mlflow_client.set_tag(run_id, "lakefs.commit", commit.id)
     except BaseException as error:
         tracking.end_run(mlflow_client, run_id, error)
@@ -356,7 +338,7 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
     return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 52 (id 1574bddb).
 def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
     """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``.
 
@@ -367,14 +349,14 @@ def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -
     return prefix + "-".join("".join(c if c in allowed else "_" for c in p) for p in parts)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 54 (id b6e524de).
 def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
     """Every combination of the axes: ``experiment_grid(optimizer=["sgd", "adam"], epochs=[1, 3])``."""
     names = list(axes)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 56 (id 45338a65).
 def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: str) -> list[str]:
     """One branch per experiment from ``source`` (a commit id); an existing one is recreated there."""
     grid = list(grid)
@@ -392,7 +374,7 @@ def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: 
     return names
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 58 (id 99fa4765).
 def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings | None = None,
                     source: str = INGEST_BRANCH, parallel: bool = True) -> list[ExperimentResult]:
     """Every experiment of ``grid`` on its own branch, in parallel as Ray tasks (one CPU each), in grid order."""
@@ -417,7 +399,7 @@ def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings 
         raise err.as_instanceof_cause() from None
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 20 (id b3f0c7f6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 61 (id b3f0c7f6).
 def compare_experiments(repo, branches: Sequence[str]):
     """A table of the experiments, read back from lakeFS (commit metadata and metrics file), best first."""
     import pandas as pd
@@ -439,15 +421,16 @@ def compare_experiments(repo, branches: Sequence[str]):
     return table.sort_values("accuracy", ascending=False, ignore_index=True) if rows else table
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 20 (id b3f0c7f6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 63 (id 5a9f435e).
 def evaluate_commit(repo, ref: str) -> dict[str, float]:
     """Metrics recomputed from the model committed at ``ref`` on the test images at ``ref``."""
     params = read_json(repo, ref, PARAMS_PATH)
     x_test, y_test, _ = read_split(repo, ref, "test", params["test_size"], params["seed"])
-    return evaluate(load_model(repo, ref), x_test, y_test)
+    net, _ = load_checkpoint(read_bytes(repo, ref, MODEL_PATH))  # notebook 04's loader
+    return evaluate(net, x_test, y_test)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id bc33ea4e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 71 (id bc33ea4e).
 @dataclass
 class Promotion:
     """A winner merged into ``main``: the merge commit and the tag pointing at it."""
@@ -457,7 +440,7 @@ class Promotion:
     tag: str
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id bc33ea4e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 73 (id 92704caf).
 def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
             destination: str | None = None) -> Promotion:
     """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
@@ -494,7 +477,7 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 31 (id 22d200f8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 76 (id 22d200f8).
 def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
     """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage, alias ``champion``."""
     from mlflow.exceptions import MlflowException
@@ -515,7 +498,7 @@ def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REG
     return version
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 36 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 81 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -539,7 +522,7 @@ class Reproduction:
                 f"now (|diff| {self.differences['accuracy']:.2g} {sign} {self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 36 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 83 (id 8d4cb7e5).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 

@@ -8,7 +8,10 @@ runs exactly the code notebook 04 shows. ``--check`` (and the test suite)
 fails when a module differs from its notebook.
 
 A saved cell may hold imports, constants, functions and classes only:
-anything that would run on import is refused with the cell's number.
+anything that would run on import is refused with the cell's number. A saved
+cell is also at most :data:`MAX_CELL_LINES` lines: a lesson is read a definition
+at a time, and what does not fit belongs in a hand-written ``helpers`` module
+the cell calls in one line.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ EXPORTS = {
     "05_tune_sweeps.ipynb": "sweeps",
     "06_lakefs_parallel_experiments.ipynb": "experiments",
 }
+MAX_CELL_LINES = 40  # the whole cell, its #@save line included
 _ALLOWED = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
@@ -65,6 +69,11 @@ def _with_origins(notebook: Path, index: int, cell_id: str, source: str) -> str:
 
 
 def _check_cell(notebook: Path, index: int, source: str) -> None:
+    lines = len(source.rstrip("\n").splitlines()) + 1  # and the mark
+    if lines > MAX_CELL_LINES:
+        raise ExportError(f"{notebook.name} cell {index}: a #@save cell holds {lines} lines, more than "
+                          f"{MAX_CELL_LINES}; split it into one definition per cell, or move what the lesson does "
+                          "not teach into a hand-written helpers module.")
     for node in ast.parse(source).body:
         docstring = isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
         if not (isinstance(node, _ALLOWED) or docstring):

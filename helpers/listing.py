@@ -7,19 +7,17 @@ import io
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
-
 import numpy as np
 from minio import Minio
 from minio.error import S3Error
 from PIL import Image
-
 from helpers.config import ParameterError, check_count
 from helpers.storage import (StorageError, bucket_not_found, endpoint_of, get_client, image_keys,
                              object_store_errors, read_object, smoke_sizes)
 from helpers.upload import MANIFEST_KEY, SPLITS
 
 
-# From notebooks/02_list_and_split.ipynb, cell 6 (id ac3478d6).
+# From notebooks/02_list_and_split.ipynb, cell 8 (id fba25c0c).
 def get_object_list(bucket: str = "mnist", client: Minio | None = None) -> list[str]:
     """Every key in the bucket from one recursive listing, as in the original article (notebook 02)."""
     client = client or get_client()
@@ -27,7 +25,7 @@ def get_object_list(bucket: str = "mnist", client: Minio | None = None) -> list[
         return [obj.object_name for obj in client.list_objects(bucket, recursive=True)]
 
 
-# From notebooks/02_list_and_split.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/02_list_and_split.ipynb, cell 11 (id fe5dbbce).
 def split_train_test(objects, bucket: str = "") -> tuple[list[str], list[int], list[str], list[int]]:
     """Split image keys into ``X_train, y_train, X_test, y_test`` by each key's path (notebook 02).
 
@@ -43,14 +41,14 @@ def split_train_test(objects, bucket: str = "") -> tuple[list[str], list[int], l
     return x_train, y_train, x_test, y_test
 
 
-# From notebooks/02_list_and_split.ipynb, cell 12 (id 17ba0791).
+# From notebooks/02_list_and_split.ipynb, cell 14 (id 17ba0791).
 def fetch_image(bucket: str, key: str, client: Minio | None = None) -> np.ndarray:
     """Download one image object and decode it to a ``uint8 [28, 28]`` array (notebook 02)."""
     body = read_object(client or get_client(), bucket, key)
     return np.asarray(Image.open(io.BytesIO(body)).convert("L"))
 
 
-# From notebooks/02_list_and_split.ipynb, cell 15 (id fa35e192).
+# From notebooks/02_list_and_split.ipynb, cell 17 (id fa35e192).
 def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, max_workers: int = 20) -> list[str]:
     """Data keys listed by label prefix (``train/0/`` ... ``test/9/``), 20 listings at once (notebook 02).
 
@@ -74,7 +72,7 @@ def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, ma
         return [key for keys in pool.map(list_prefix, prefixes) for key in keys]
 
 
-# From notebooks/02_list_and_split.ipynb, cell 15 (id fa35e192).
+# From notebooks/02_list_and_split.ipynb, cell 19 (id 480dfdbf).
 def list_objects_from_manifest(bucket: str = "mnist", client: Minio | None = None) -> list[str]:
     """Data keys read from the manifest object written at upload time: one GET (notebook 02).
 
@@ -108,14 +106,14 @@ LISTINGS = {"recursive": get_object_list, "parallel": list_objects_parallel, "ma
 ListingMethod = Literal["recursive", "parallel", "manifest"]
 
 
-# From notebooks/02_list_and_split.ipynb, cell 17 (id 1574bddb).
+# From notebooks/02_list_and_split.ipynb, cell 21 (id 1574bddb).
 def is_canonical(key: str) -> bool:
     """Whether a key's id is an MNIST index (``00042``), not an appended round's UUID."""
     object_id = key.rsplit("/", 1)[-1].split(".", 1)[0]
     return len(object_id) == 5 and object_id.isdigit()
 
 
-# From notebooks/02_list_and_split.ipynb, cell 17 (id 1574bddb).
+# From notebooks/02_list_and_split.ipynb, cell 23 (id f1809f84).
 def smoke_subset(keys: list[str], labels: list[int], count: int) -> tuple[list[str], list[int]]:
     """The first ``count`` images in MNIST order: canonical ids only, each id once.
 
@@ -135,7 +133,7 @@ def smoke_subset(keys: list[str], labels: list[int], count: int) -> tuple[list[s
     return [keys[i] for i in order], [labels[i] for i in order]
 
 
-# From notebooks/02_list_and_split.ipynb, cell 17 (id 1574bddb).
+# From notebooks/02_list_and_split.ipynb, cell 25 (id aea0160b).
 def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing: ListingMethod = "recursive",
                         client: Minio | None = None) -> tuple[list[str], list[int], list[str], list[int], float]:
     """List the bucket and split it into pointer lists, timed, like the original article (notebook 02).

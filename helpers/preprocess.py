@@ -3,26 +3,22 @@
 Lesson 03 · Preprocess from pointers with Ray Data. Above each definition, the cell that teaches it.
 """
 import io
-import logging
 import os
-import sys
 import time
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-
 import numpy as np
 from PIL import Image
-
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data
+from helpers.preprocess_support import create_logger, node_id, skip_counter
 from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client, read_object,
                              s3_filesystem)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 6 (id ac3478d6).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 10 (id 6a49e3aa).
 def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int | None = None,
                    numbered: bool = False):
     """Pointers and labels as a Ray Dataset of ``{"X": key, "y": label}`` rows (notebook 03).
@@ -40,56 +36,19 @@ def to_ray_dataset(X: Sequence[str], y: Sequence[int], override_num_blocks: int 
     return ray.data.from_items(items, override_num_blocks=override_num_blocks)
 
 
-LOG_FILE_NAME = "preprocess.log"
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
-def create_logger(log_dir: str | Path | None = None, name: str = "preprocess") -> logging.Logger:
-    """A logger that stamps every line with the process id, to stdout and ``<log_dir>/preprocess.log``."""
-    log_dir = Path(log_dir or os.environ.get("PREPROCESS_LOG_DIR") or Path(os.environ.get("TMPDIR", "/tmp")))
-    logger = logging.getLogger(f"helpers.{name}")
-    if getattr(logger, "_log_dir", None) != str(log_dir):
-        for handler in list(logger.handlers):
-            logger.removeHandler(handler)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        fmt = logging.Formatter("%(process)d %(asctime)s | %(levelname)s | %(message)s")
-        for handler in (logging.StreamHandler(sys.stdout), logging.FileHandler(log_dir / LOG_FILE_NAME)):
-            handler.setFormatter(fmt)
-            logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-        logger._log_dir = str(log_dir)  # type: ignore[attr-defined]
-    return logger
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
-def read_log(log_dir: str | Path) -> list[str]:
-    """Lines the pid-stamped logger wrote to ``<log_dir>/preprocess.log``."""
-    path = Path(log_dir) / LOG_FILE_NAME
-    return path.read_text().splitlines() if path.is_file() else []
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
-def node_id() -> str:
-    """Short id of the Ray node this code runs on ('-' outside Ray)."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id()[:8] if ray.is_initialized() else "-"
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 13 (id fe5dbbce).
 def normalise(pixels) -> np.ndarray:
     """``uint8`` digits -> ``float32 [n, 1, 28, 28]`` in [-1, 1], as ToTensor + Normalize((0.5,), (0.5,))."""
     return (np.asarray(pixels, dtype=np.float32).reshape(-1, 1, 28, 28) / 255.0 - 0.5) / 0.5
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 15 (id 1f377da9).
 def decode_images(bodies: Sequence[bytes]) -> np.ndarray:
     """Encoded images -> ``float32 [n, 1, 28, 28]`` in [-1, 1]."""
     return normalise(np.stack([np.asarray(Image.open(io.BytesIO(body)).convert("L")) for body in bodies]))
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 17 (id 09e1b997).
 def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
     """One object fetched and decoded to ``uint8 [28, 28]``.
 
@@ -112,45 +71,7 @@ def fetch_decode(client, bucket: str, key: str) -> np.ndarray:
     return image
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
-class SkipCounter:
-    """Counts objects skipped by the workers (a named Ray actor shared by all of them)."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-
-    def add(self, keys: list[str]) -> None:
-        """Record skipped keys."""
-        self.keys.extend(keys)
-
-    def get(self) -> list[str]:
-        """All keys skipped so far."""
-        return list(self.keys)
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
-def skip_counter(name: str):
-    """The named :class:`SkipCounter` actor ``name`` (created on first use)."""
-    import ray
-
-    return ray.remote(num_cpus=0)(SkipCounter).options(name=name, get_if_exists=True, lifetime="detached").remote()
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
-def skipped_keys(name: str) -> list[str]:
-    """Keys the workers skipped under counter ``name``; the counter is removed afterwards."""
-    import ray
-
-    try:
-        counter = ray.get_actor(name)
-    except ValueError:
-        return []
-    keys = ray.get(counter.get.remote())
-    ray.kill(counter)
-    return keys
-
-
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 19 (id 23090795).
 def to_batch(keys, labels, images: list, skip_counter_name: str | None,
              extra: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Stack decoded images into ``{"X": float32 [n, 1, 28, 28], "y": int64 [n]}``; errors raise or are counted.
@@ -178,7 +99,7 @@ def to_batch(keys, labels, images: list, skip_counter_name: str | None,
     return {"X": normalise(np.stack(good_images)), "y": np.asarray(good_labels, dtype=np.int64), **kept}
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 21 (id c1fed585).
 def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_name: str | None = None,
                      log_dir: str | None = None) -> dict[str, np.ndarray]:
     """The original article's task function, corrected: fetch each object of the batch, decode, normalise.
@@ -200,7 +121,7 @@ def preprocess_batch(batch: dict[str, np.ndarray], bucket: str, skip_counter_nam
     return out
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 13 (id 7b52009b).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 25 (id 7b52009b).
 class ObjectPreprocessor:
     """The actor form: one client per actor, a batch's objects fetched concurrently (notebook 03)."""
 
@@ -230,7 +151,7 @@ class ObjectPreprocessor:
         return out
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 13 (id 7b52009b).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id e393ed1f).
 def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: int = 2, threads: int = 16,
                            skip_counter_name: str | None = None, log_dir: str | None = None):
     """Lazily map a pointer dataset to image tensors with a pool of ``num_actors`` actors (notebooks 03-06)."""
@@ -253,13 +174,13 @@ def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: i
 PACKED_PREFIX = "packed"
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 37 (id 91032ad7).
 def normalise_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``read_images`` rows (``image`` uint8, ``label``) -> the same batches as the other readers."""
     return {"X": normalise(batch["image"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 39 (id 0999c23f).
 def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None,
                         settings: Settings | None = None):
     """Images via ``ray.data.read_images`` over pyarrow S3, the label from the folder name (notebook 03).
@@ -276,7 +197,7 @@ def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] |
     return ds.map_batches(normalise_images, batch_size=1000)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 41 (id 8465a912).
 def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarray]:
     """Pointer rows -> what a Parquet shard stores: key, label and the decoded ``uint8 [28, 28]`` pixels.
 
@@ -291,12 +212,12 @@ def fetch_rows(batch: dict[str, np.ndarray], bucket: str) -> dict[str, np.ndarra
 CURRENT_FILE = "CURRENT"  # names the folder of the complete set of shards
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 43 (id c69fb787).
 def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4,
                         settings: Settings | None = None) -> str:
     """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/<version>/``.
 
-    Each row holds the key, the label and the encoded image bytes. The new
+    Each row holds the key, the label and the decoded pixels (``uint8 [28, 28]``). The new
     shards go to a fresh folder; only when all are written does
     ``packed/<split>/CURRENT`` name it, and then older folders are removed.
     An interrupted packing leaves the previous shards readable.
@@ -321,7 +242,7 @@ def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int =
     return f"{base}/{version}"
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 45 (id 5dcfbbac).
 def packed_path(bucket: str, split: str = "train", settings: Settings | None = None) -> str:
     """The folder of the current packed shards of ``split``.
 
@@ -337,13 +258,13 @@ def packed_path(bucket: str, split: str = "train", settings: Settings | None = N
                            "pack_parquet_shards(ds, bucket) (notebook 03).") from None
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 47 (id 4bc26bfb).
 def scale_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Packed rows (``pixels`` uint8, ``label``) -> the same normalised batches as the other readers."""
     return {"X": normalise(batch["pixels"]), "y": np.asarray(batch["label"], dtype=np.int64)}
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 23 (id 91032ad7).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 49 (id 02681b21).
 def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings | None = None):
     """The packed shards via ``ray.data.read_parquet``, scaled to the same batches as the other readers.
 
@@ -366,14 +287,14 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     return ds.select_columns(["label", "pixels"]).map_batches(scale_packed, batch_size=4096)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 29 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 55 (id 887309d0).
 def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
     """The same pointers in a seeded random order (listings come back sorted by label)."""
     order = np.random.default_rng(seed).permutation(len(X))
     return [X[i] for i in order], [int(y[i]) for i in order]
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 29 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 57 (id 47f5ccdf).
 def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
                   seed: int = 0, batch_size: int = 400):
     """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
@@ -404,7 +325,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
                               table.filter(pc.invert(in_train)).drop_columns(["row"])))
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 29 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 59 (id dd871ece).
 def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:
     """All ``X`` and ``y`` of a (small, materialised) dataset as numpy arrays."""
     xs, ys = [], []

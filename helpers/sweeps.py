@@ -11,44 +11,34 @@ import torch
 from ray import tune
 from torch import nn
 
-from helpers import timings, tracking
+from helpers import tracking
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem, smoke_sizes
-from helpers.training import (MNISTModel, accuracy, load_checkpoint, log_dataset, predict, train_func_per_worker,
-                              worker_resources)
+from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, make_optimizer,
+                              model_from_params, predict, train_func_per_worker, worker_resources)
 
 METRIC, MODE = "mean_accuracy", "max"
 KNOWN_GOOD = {"rate": 0.2, "hidden": 128, "activation": "relu", "lr": 0.05}  # the original article's start
-CHECKPOINT_FILE = "model.pt"
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 5 (id 1b645389).
+# From notebooks/05_tune_sweeps.ipynb, cell 7 (id ecf5f58f).
 def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = None,
                 validation_fraction: float = 1 / 6, seed: int = 0) -> dict[str, np.ndarray]:
-    """Preprocessed train/validation/test arrays (validation split off the shuffled training set).
-
-    Raises:
-        ParameterError: too few images to hold some out for validation (checked before any loading).
-    """
-    if not 0 < validation_fraction < 1:
-        raise ParameterError(f"validation_fraction must be between 0 and 1, not {validation_fraction!r}.")
+    """Preprocessed train/validation/test arrays, the validation set split off the shuffled training set."""
     planned = smoke_sizes(smoke_test_size)[0]
-    if int(planned * (1 - validation_fraction)) in (0, planned):
-        raise ParameterError(f"{planned} training images cannot be split into training and validation: "
-                             "use a larger smoke_test_size.")
+    if not 0 < validation_fraction < 1 or int(planned * (1 - validation_fraction)) in (0, planned):
+        raise ParameterError(f"{planned} training images cannot be split into training and validation with "
+                             f"validation_fraction={validation_fraction!r}: use a larger smoke_test_size.")
     train_ds, test_ds = load_datasets(bucket, smoke_test_size, settings, seed=seed)
     x, y = dataset_to_numpy(train_ds)
     x_test, y_test = dataset_to_numpy(test_ds)
     cut = int(len(x) * (1 - validation_fraction))
-    if cut < 1 or cut == len(x):
-        raise ParameterError(f"{len(x)} training images cannot be split into training and validation: "
-                             "use a larger smoke_test_size.")
     return {"x_train": x[:cut], "y_train": y[:cut], "x_val": x[cut:], "y_val": y[cut:],
             "x_test": x_test, "y_test": y_test}
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 8 (id 902ba3cd).
+# From notebooks/05_tune_sweeps.ipynb, cell 10 (id 902ba3cd).
 def search_space() -> dict[str, Any]:
     """The original article's space (rate, hidden, activation) plus the learning rate."""
     return {
@@ -59,7 +49,7 @@ def search_space() -> dict[str, Any]:
     }
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
+# From notebooks/05_tune_sweeps.ipynb, cell 13 (id b1d57811).
 def start_child_run(config: dict[str, Any], params: dict[str, Any]):
     """``(MlflowClient, run_id)`` of a new child run of ``config["parent_run_id"]``; ``(None, None)`` when off."""
     from mlflow.tracking import MlflowClient
@@ -81,27 +71,27 @@ def start_child_run(config: dict[str, Any], params: dict[str, Any]):
     return client, run.info.run_id
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
+# From notebooks/05_tune_sweeps.ipynb, cell 15 (id 9ab421ea).
 def model_config(config: dict[str, Any]) -> dict[str, Any]:
     """The tuned values of a trial's config."""
     return {k: config[k] for k in ("rate", "hidden", "activation", "lr")}
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
-def build_trial_model(config: dict[str, Any]) -> nn.Module:
-    """The MLP of notebook 04 with one hidden layer of ``hidden`` units and dropout ``rate``."""
-    return MNISTModel(784, [int(config["hidden"])], 10, dropout=float(config["rate"]),
-                      activation=config["activation"])
+# From notebooks/05_tune_sweeps.ipynb, cell 17 (id 15681fc8).
+def trial_params(config: dict[str, Any]) -> dict[str, Any]:
+    """A trial's config as notebook 04's training parameters: one hidden layer of ``hidden`` units, dropout ``rate``."""
+    return {**DEFAULT_PARAMS, "epochs": int(config["epochs"]), "lr": float(config["lr"]),
+            "hidden_sizes": [int(config["hidden"])], "dropout": float(config["rate"]),
+            "activation": config["activation"], "seed": int(config.get("seed", 0))}
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
+# From notebooks/05_tune_sweeps.ipynb, cell 19 (id a2068ff2).
 def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """One trial, tracked as a child run that ends FAILED (or KILLED) when the trial crashes, never FINISHED."""
     client, run_id = start_child_run(config, model_config(config))
     error = None
     try:
-        with timings.span("tune: trial"):  # where the seconds go (benchmarks/bench_smoke.py)
-            train_trial(config, arrays, client, run_id)
+        train_trial(config, arrays, client, run_id)
     except BaseException as err:
         error = err
         raise
@@ -109,50 +99,45 @@ def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         tracking.end_run(client, run_id, error)
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 11 (id b1d57811).
+# From notebooks/05_tune_sweeps.ipynb, cell 21 (id 0e7723ab).
 def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, run_id: str | None) -> None:
     """Train on the training split; report validation accuracy and a checkpoint every epoch."""
+    params = trial_params(config)
     torch.set_num_threads(1)
-    torch.manual_seed(int(config.get("seed", 0)))
-    net = build_trial_model(config)
-    optimizer = torch.optim.SGD(net.parameters(), lr=float(config["lr"]), momentum=0.9)
-    loss_fn = nn.NLLLoss()
+    torch.manual_seed(params["seed"])
+    net = model_from_params(params)
+    optimizer = make_optimizer(params["optimizer"], net.parameters(), params["lr"], params["momentum"])
     x, y = torch.as_tensor(arrays["x_train"]), torch.as_tensor(arrays["y_train"], dtype=torch.int64)
-    generator = torch.Generator().manual_seed(int(config.get("seed", 0)))
-    batch_size = int(config.get("batch_size", 64))
-    for epoch in range(1, int(config["epochs"]) + 1):  # epochs count from 1, as training_iteration does
+    generator, size = torch.Generator().manual_seed(params["seed"]), params["batch_size_per_worker"]
+    for epoch in range(1, params["epochs"] + 1):  # epochs count from 1, as training_iteration does
         net.train()
-        order = torch.randperm(len(x), generator=generator)
-        total = 0.0
-        for i in range(0, len(x), batch_size):
-            idx = order[i:i + batch_size]
+        order, total = torch.randperm(len(x), generator=generator), 0.0
+        for start in range(0, len(x), size):
+            rows = order[start:start + size]
             optimizer.zero_grad()
-            loss = loss_fn(net(x[idx]), y[idx])
+            loss = nn.functional.nll_loss(net(x[rows]), y[rows])
             loss.backward()
             optimizer.step()
-            total += float(loss) * len(idx)
+            total += float(loss) * len(rows)
         metrics = {METRIC: accuracy(predict(net, arrays["x_val"]), arrays["y_val"]), "train_loss": total / len(x)}
         if client:
             client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=epoch))
-        with tempfile.TemporaryDirectory() as folder:
-            torch.save({"model": net.state_dict(), "config": model_config(config)}, Path(folder) / CHECKPOINT_FILE)
+        with tempfile.TemporaryDirectory() as folder:  # notebook 04's checkpoint format
+            torch.save(checkpoint_state(net, optimizer, epoch, [], params), Path(folder) / CHECKPOINT_FILE)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 13 (id 7b52009b).
+# From notebooks/05_tune_sweeps.ipynb, cell 23 (id 7b52009b).
 def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
-    """One trial that is itself a Ray Train run (notebook 04's worker loop with validation)."""
+    """One trial that is itself a Ray Train run of notebook 04's ``train_func_per_worker``, with validation."""
     import ray.train
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     client, run_id = start_child_run(config, model_config(config))
-    params = {"epochs": int(config["epochs"]), "lr": float(config["lr"]), "momentum": 0.9, "optimizer": "sgd",
-              "model": "mlp", "hidden_sizes": [int(config["hidden"])], "dropout": float(config["rate"]),
-              "activation": config["activation"], "batch_size_per_worker": 64, "seed": int(config.get("seed", 0))}
     trainer = TorchTrainer(
         train_func_per_worker,
-        train_loop_config={**params, "validate": True, "torch_threads": 1,
+        train_loop_config={**trial_params(config), "validate": True, "torch_threads": 1,
                            "tracking_uri": config.get("tracking_uri"), "run_id": run_id},
         scaling_config=ray.train.ScalingConfig(num_workers=int(config["num_workers"]),
                                                resources_per_worker={"CPU": float(config["cpus_per_worker"])}),
@@ -172,14 +157,13 @@ def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
         tracking.end_run(client, run_id, error)
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 13 (id 7b52009b).
+# From notebooks/05_tune_sweeps.ipynb, cell 25 (id 5f0562d4).
 def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurrent_trials: int,
                    cluster_cpus: float, storage_path: str) -> tuple[Any, dict[str, Any]]:
     """The trainable with its data and resources, and what it adds to the param space.
 
-    ``num_workers=0``: :func:`objective`, one CPU (or a share) per trial.
-    ``num_workers=N``: :func:`distributed_trial`; the trial itself only waits, its workers share what
-    one CPU of the cluster leaves for Ray Data and the controllers.
+    ``num_workers=0``: :func:`objective`, one CPU (or a share) per trial. ``num_workers=N``:
+    :func:`distributed_trial`; the trial only waits, its workers share what one CPU leaves.
     """
     import ray.data
 
@@ -196,7 +180,7 @@ def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurre
     return trainable, {"num_workers": num_workers, "cpus_per_worker": per_worker["CPU"], "storage_path": storage_path}
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 15 (id fa35e192).
+# From notebooks/05_tune_sweeps.ipynb, cell 27 (id fa35e192).
 def make_searcher(name: str, points_to_evaluate: list[dict] | None, seed: int):
     """``"hyperopt"`` (HyperOptSearch) or ``"optuna"`` (OptunaSearch), seeded, starting from known points."""
     if name == "hyperopt":
@@ -212,7 +196,7 @@ def make_searcher(name: str, points_to_evaluate: list[dict] | None, seed: int):
     raise ParameterError(f"searcher must be 'hyperopt' or 'optuna', not {name!r}.")
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 15 (id fa35e192).
+# From notebooks/05_tune_sweeps.ipynb, cell 29 (id 60f6c936).
 def make_scheduler(name: str | None, epochs: int, grace_period: int = 1, reduction_factor: int = 2):
     """``"asha"`` (stop the worse trials at each rung) or None (every trial runs all epochs)."""
     if name in (None, "", "none"):
@@ -225,7 +209,7 @@ def make_scheduler(name: str | None, epochs: int, grace_period: int = 1, reducti
     raise ParameterError(f"scheduler must be 'asha' or None, not {name!r}.")
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 15 (id fa35e192).
+# From notebooks/05_tune_sweeps.ipynb, cell 31 (id 7cae0db3).
 def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) -> list[int]:
     """The epochs at which ASHA compares trials: ``grace_period * reduction_factor**k`` below ``epochs``."""
     rungs, rung = [], grace_period
@@ -235,7 +219,7 @@ def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) ->
     return rungs
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 18 (id 0716d970).
+# From notebooks/05_tune_sweeps.ipynb, cell 34 (id 0716d970).
 def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, num_samples: int,
                max_concurrent_trials: int, name: str, storage_path: str, settings: Settings | None = None):
     """A ``tune.Tuner`` over ``param_space`` with results and checkpoints in the object store (notebook 05)."""
@@ -257,33 +241,20 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
     )
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 26 (id f6e1126c).
+# From notebooks/05_tune_sweeps.ipynb, cell 42 (id f6e1126c).
 def best_checkpoint(result):
     """The best checkpoint of a trial: Tune's own, or the Ray Train checkpoint path it reported."""
     import ray.train
+    from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
     if result.best_checkpoints:
         return result.get_best_checkpoint(metric=METRIC, mode=MODE)
-    from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
-
     frame = result.metrics_dataframe
     path = frame.loc[frame[METRIC].idxmax(), CHECKPOINT_PATH_KEY]
     return ray.train.Checkpoint(path, filesystem=s3_filesystem())
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 26 (id f6e1126c).
-def load_trial_model(checkpoint) -> nn.Module:
-    """The model saved in a trial's checkpoint (a Tune trial's or a Ray Train run's)."""
-    with checkpoint.as_directory() as folder:
-        if not (Path(folder) / CHECKPOINT_FILE).is_file():
-            return load_checkpoint(checkpoint)[0]
-        state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
-    net = build_trial_model(state["config"])
-    net.load_state_dict(state["model"])
-    return net.eval()
-
-
-# From notebooks/05_tune_sweeps.ipynb, cell 26 (id f6e1126c).
+# From notebooks/05_tune_sweeps.ipynb, cell 44 (id cc1f87a8).
 def child_runs(uri: str, parent_run_id: str) -> list[Any]:
     """The MLflow runs whose parent is ``parent_run_id`` (one per trial)."""
     from mlflow.tracking import MlflowClient

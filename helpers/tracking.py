@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -165,12 +166,27 @@ def as_params(params: Mapping[str, Any]) -> list:
 
 def as_metrics(metrics: Mapping[str, float], step: int = 0) -> list:
     """MLflow ``Metric`` entities for ``log_batch``, all at ``step`` and the current time."""
-    import time
-
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     return [Metric(k, float(v), now, step) for k, v in metrics.items()]
+
+
+def backfill_epochs(client, run_id: str, history: list[Mapping[str, Any]], keys: tuple[str, ...]) -> int:
+    """After a training run resumed: log the checkpointed epochs MLflow missed; the last epoch it now holds.
+
+    Rank 0 logs each epoch as it ends, so MLflow usually holds epochs past the checkpoint the run resumed
+    from: the loop runs them again but must not log them twice.
+    """
+    from mlflow.entities import Metric
+
+    logged = {m.step for m in client.get_metric_history(run_id, keys[0])}
+    now = int(time.time() * 1000)
+    missing = [Metric(key, float(row[key]), now, int(row["epoch"]))
+               for row in history if row["epoch"] not in logged for key in keys if key in row]
+    if missing:
+        client.log_batch(run_id, metrics=missing)
+    return max(logged | {int(row["epoch"]) for row in history} | {0})
 
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own tag for the code version

@@ -3,9 +3,9 @@
 Lesson 04 · Distributed training with Ray Train, tracked in MLflow. Above each definition, the cell that teaches it.
 """
 import contextlib
+import io
 import json
 import math
-import os
 import signal
 import tempfile
 import threading
@@ -23,14 +23,16 @@ import torch
 from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
-from helpers import timings
-from helpers.config import ParameterError, Settings, check_count, check_fraction, check_positive, load_settings
+from helpers import tracking
+from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.storage import s3_filesystem
+from helpers.worker_support import ShardCache, check_params, maybe_fail, require_gpus
+
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}
 
 
-# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
+# From notebooks/04_distributed_training.ipynb, cell 8 (id e490c6c6).
 class MNISTModel(nn.Module):
     """The original article's multilayer perceptron: 784 -> hidden layers -> 10 log-probabilities."""
 
@@ -56,7 +58,7 @@ class MNISTModel(nn.Module):
         return self.net(x)
 
 
-# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
+# From notebooks/04_distributed_training.ipynb, cell 10 (id 1f4b0627).
 class MNISTConvNet(nn.Module):
     """A small CNN (two conv blocks), about 99% test accuracy on full MNIST."""
 
@@ -75,7 +77,7 @@ class MNISTConvNet(nn.Module):
         return self.net(x.reshape(-1, 1, 28, 28))
 
 
-# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
+# From notebooks/04_distributed_training.ipynb, cell 12 (id c28c8ed2).
 def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dropout: float = 0.0,
                 activation: str = "relu") -> nn.Module:
     """A fresh model by name: ``"mlp"`` (:class:`MNISTModel`) or ``"cnn"`` (:class:`MNISTConvNet`)."""
@@ -86,68 +88,15 @@ def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dro
     raise ParameterError(f"model must be 'mlp' or 'cnn', not {model!r}.")
 
 
-# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
-@torch.no_grad()
-def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
-    """Predicted class of every image, in vectorised batches (no per-image loop)."""
-    model.eval()
-    x = torch.as_tensor(np.asarray(images, dtype=np.float32))
-    out = [model(x[i:i + batch_size]).argmax(dim=1) for i in range(0, len(x), batch_size)]
-    return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
-
-
-# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
-def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """Fraction of predictions equal to the labels."""
-    labels = np.asarray(labels)
-    return float((np.asarray(predictions) == labels).mean()) if len(labels) else 0.0
-
-
-# From notebooks/04_distributed_training.ipynb, cell 6 (id ac3478d6).
-def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int = 10) -> np.ndarray:
-    """``[true, predicted]`` counts."""
-    matrix = np.zeros((classes, classes), dtype=np.int64)
-    np.add.at(matrix, (np.asarray(labels, dtype=np.int64), np.asarray(predictions, dtype=np.int64)), 1)
-    return matrix
-
-
 CHECKPOINT_FILE = "checkpoint.pt"  # one name for saving and loading (the original article used two)
 DEFAULT_PARAMS: dict[str, Any] = {
-    "epochs": 3, "lr": 0.05, "momentum": 0.9, "optimizer": "sgd", "model": "mlp",
-    "hidden_sizes": [128, 64], "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0,
+    "epochs": 3, "lr": 0.05, "momentum": 0.9, "optimizer": "sgd", "model": "mlp", "hidden_sizes": [128, 64],
+    "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0, "cache_shard": False,
 }
-MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")
+MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")  # what rebuilds the network
 
 
-# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
-def check_params(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` when every training parameter has an allowed value; else one :class:`ParameterError` naming them.
-
-    Checked in the driver before any run starts, not deep inside torch on a worker.
-    """
-    check_count("epochs", params["epochs"], 10_000)
-    check_positive("lr", params["lr"], maximum=10.0)
-    check_fraction("momentum", params.get("momentum", 0.0))
-    check_count("batch_size_per_worker", params.get("batch_size_per_worker", 64), 100_000)
-    check_count("checkpoint_every", params.get("checkpoint_every", 1), 10_000)
-    if not isinstance(params.get("cache_shard", False), bool):
-        raise ParameterError(f"cache_shard must be True or False, not {params['cache_shard']!r}.")
-    hidden = params.get("hidden_sizes", (128, 64))
-    if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__len__") or not len(hidden):
-        raise ParameterError(f"hidden_sizes must be a list of layer widths such as [128, 64], not {hidden!r}.")
-    for width in hidden:
-        check_count("each of hidden_sizes", width, 100_000)
-    make_optimizer(params.get("optimizer", "sgd"), [torch.zeros(1, requires_grad=True)], 0.1, 0.0)
-    build_model(params.get("model", "mlp"), hidden, params.get("dropout", 0.0), params.get("activation", "relu"))
-    return params
-
-
-# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
-class InjectedFault(RuntimeError):
-    """Raised on purpose by ``fail_at_epoch``, to show that training resumes from the last checkpoint."""
-
-
-# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/04_distributed_training.ipynb, cell 17 (id 66df3bd2).
 def make_optimizer(name: str, parameters, lr: float, momentum: float) -> torch.optim.Optimizer:
     """``"sgd"`` (with momentum, as the original article) or ``"adam"``."""
     if name == "sgd":
@@ -157,33 +106,42 @@ def make_optimizer(name: str, parameters, lr: float, momentum: float) -> torch.o
     raise ParameterError(f"optimizer must be 'sgd' or 'adam', not {name!r}.")
 
 
-# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
+# From notebooks/04_distributed_training.ipynb, cell 19 (id c542dca2).
 def model_from_params(params: dict[str, Any]) -> nn.Module:
-    """A fresh model built from the training parameters."""
+    """A fresh model built from the training parameters (those in ``MODEL_KEYS``)."""
     return build_model(params.get("model", "mlp"), params.get("hidden_sizes", (128, 64)),
                        params.get("dropout", 0.0), params.get("activation", "relu"))
 
 
-# From notebooks/04_distributed_training.ipynb, cell 9 (id fe5dbbce).
-def load_checkpoint(checkpoint) -> tuple[nn.Module, dict[str, Any]]:
-    """The model, ready for inference, and the saved state (epoch, params, history) of a Ray Train checkpoint."""
-    with checkpoint.as_directory() as folder:
-        state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
+# From notebooks/04_distributed_training.ipynb, cell 21 (id 576f0a63).
+def checkpoint_state(net: nn.Module, optimizer, epoch: int, history: list, params: dict[str, Any]) -> dict[str, Any]:
+    """What every checkpoint holds (04's runs, 05's trials, 06's experiments): plain tensors and numbers."""
+    module = net.module if hasattr(net, "module") else net  # the model inside Ray Train's parallel wrapper
+    return {"model": module.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
+            "epoch": epoch, "history": history, "params": {k: params[k] for k in MODEL_KEYS if k in params}}
+
+
+# From notebooks/04_distributed_training.ipynb, cell 23 (id b7f8ffd7).
+def load_checkpoint(source) -> tuple[nn.Module, dict[str, Any]]:
+    """The model, ready for inference, and the saved state, from a Ray ``Checkpoint``, a file path or bytes."""
+    if isinstance(source, ray.train.Checkpoint):
+        with source.as_directory() as folder:
+            return load_checkpoint(Path(folder) / CHECKPOINT_FILE)
+    state = torch.load(io.BytesIO(source) if isinstance(source, bytes) else source, map_location="cpu",
+                       weights_only=True)  # never runs code from the file
     net = model_from_params(state["params"])
     net.load_state_dict(state["model"])
     return net.eval(), state
 
 
-# From notebooks/04_distributed_training.ipynb, cell 11 (id b1d57811).
+# From notebooks/04_distributed_training.ipynb, cell 25 (id b1d57811).
 def worker_mlflow_client(config: dict[str, Any], rank: int):
     """An ``MlflowClient`` for rank 0 when the config names a run and the server answers, else None."""
     from mlflow.tracking import MlflowClient
 
-    from helpers.tracking import tracking_available
-
     if rank != 0 or not config.get("run_id"):
         return None
-    ok, reason = tracking_available(config.get("tracking_uri", ""))  # a quick check, not MLflow's long retries
+    ok, reason = tracking.tracking_available(config.get("tracking_uri", ""))  # a quick check, not MLflow's retries
     if not ok:
         print(f"MLflow tracking is off for this worker: {reason}")
         return None
@@ -193,44 +151,22 @@ def worker_mlflow_client(config: dict[str, Any], rank: int):
 TRACKED = ("train_loss", "train_accuracy", "val_accuracy")  # what a worker logs to MLflow per epoch
 
 
-# From notebooks/04_distributed_training.ipynb, cell 11 (id b1d57811).
+# From notebooks/04_distributed_training.ipynb, cell 27 (id df878946).
 def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
-    """Log the tracked metrics of ``rows`` (history rows with an ``"epoch"``) into run ``run_id`` in one call.
-
-    Returns False (with one printed line) when tracking failed.
-    """
+    """Log the tracked metrics of history ``rows`` into run ``run_id`` in one call; False (and one line) on failure."""
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
     metrics = [Metric(key, float(row[key]), now, int(row["epoch"])) for row in rows for key in TRACKED if key in row]
     try:
-        if metrics:
-            mlflow_client.log_batch(run_id, metrics=metrics)
+        mlflow_client.log_batch(run_id, metrics=metrics)
         return True
     except Exception as err:  # noqa: BLE001 - tracking must never stop training
         print(f"MLflow tracking is off for this worker: {type(err).__name__}: {str(err)[:200]}")
         return False
 
 
-# From notebooks/04_distributed_training.ipynb, cell 11 (id b1d57811).
-def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0, timeout: float = 3.0) -> None:
-    """Log one metric with MLflow's REST API, as the original article did (no MLflow package needed).
-
-    Raises:
-        RuntimeError: the server refused the metric (its answer is included).
-    """
-    body = json.dumps({"run_id": run_id, "key": key, "value": float(value), "step": int(step),
-                       "timestamp": int(time.time() * 1000)}).encode()
-    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/runs/log-metric", data=body,
-                                     headers={"Content-Type": "application/json"}, method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            return
-    except urllib.error.HTTPError as err:
-        raise RuntimeError(f"MLflow refused the metric {key!r}: HTTP {err.code} {err.read()[:200]!r}") from None
-
-
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
+# From notebooks/04_distributed_training.ipynb, cell 29 (id 7b52009b).
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Sum ``values`` over all workers (a no-op with one worker or outside Ray Train)."""
     tensor = torch.tensor(values, dtype=torch.float64)
@@ -239,154 +175,85 @@ def all_reduce_sum(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
-def epoch_batches(shard, config: dict[str, Any], epoch: int, cache: list | None):
-    """This worker's batches for one epoch, as ``{"X", "y"}`` tensors.
-
-    Ray Data streams the shard (``iter_torch_batches``, shuffled locally, seeded per epoch). With
-    ``cache`` a list (``config["cache_shard"]``), the first epoch also keeps the shard in it and later
-    epochs shuffle and slice it in memory, skipping Ray Data's per-batch work, which takes the worker
-    about as long as the step itself for this model; the shard must fit in the worker's memory.
-    """
-    size, seed = config["batch_size_per_worker"], int(config.get("seed", 0)) + epoch
-    if cache:  # later epochs: the first epoch's rows, in a new order
-        x, y = cache
-        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-        for start in range(0, len(order), size):
-            rows = order[start:start + size]
-            yield {"X": x[rows], "y": y[rows]}
-        return
-    kept = []
-    for batch in shard.iter_torch_batches(batch_size=size, dtypes={"X": torch.float32, "y": torch.int64},
-                                          local_shuffle_buffer_size=config.get("shuffle_buffer", 2000),
-                                          local_shuffle_seed=seed):
-        if cache is not None:
-            kept.append(batch)
-        yield batch
-    if cache is not None and kept:
-        cache += [torch.cat([batch["X"] for batch in kept]), torch.cat([batch["y"] for batch in kept])]
-
-
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
+# From notebooks/04_distributed_training.ipynb, cell 31 (id ad1d2538).
 @torch.no_grad()
-def validate(net: nn.Module, shard) -> float:
-    """Accuracy on this worker's validation shard, all-reduced over the workers."""
+def validate(net: nn.Module) -> float:
+    """Accuracy on this worker's ``"validation"`` shard, all-reduced over the workers; then back to training mode."""
     net.eval()
     correct = count = 0.0
-    for batch in shard.iter_torch_batches(batch_size=1000, dtypes={"X": torch.float32, "y": torch.int64}):
+    for batch in ray.train.get_dataset_shard("validation").iter_torch_batches(batch_size=1000):
         correct += float((net(batch["X"]).argmax(dim=1) == batch["y"]).sum())
         count += len(batch["y"])
+    net.train()
     correct, count = all_reduce_sum([correct, count])
     return correct / max(count, 1)
 
 
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
-def maybe_fail(config: dict[str, Any], epoch: int, rank: int) -> None:
-    """Raise once in epoch ``fail_at_epoch`` on rank ``fail_rank``; a marker file makes it happen only once.
+# From notebooks/04_distributed_training.ipynb, cell 33 (id 5b276ab9).
+def resume(checkpoint, net: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list, int]:
+    """After a failure: the checkpoint's weights and optimizer state put back.
 
-    The fault comes a few seconds into the epoch, as a real crash would. Ray Train's controller collects
-    the workers' reports every few seconds: a worker that dies before the last report was collected
-    loses that checkpoint too, and the run restarts from the one before.
+    Returns the next epoch, the history, and the last epoch MLflow holds (the epochs since the checkpoint run
+    again but are not logged twice).
     """
-    marker = config.get("fail_marker")
-    if marker and epoch == config.get("fail_at_epoch") and rank == config.get("fail_rank", 0) \
-            and not os.path.exists(marker):
-        Path(marker).write_text(f"failed at epoch {epoch} on rank {rank}\n")
-        time.sleep(3 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")))
-        raise InjectedFault(f"injected failure in epoch {epoch} on rank {rank}")
-
-
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
-def resume(checkpoint, module: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list, int]:
-    """Load the last checkpoint into the model and optimizer after a failure.
-
-    Returns the next epoch, the history so far (its last row, the checkpointed epoch, counts the runs
-    resumed from it in ``"resumed_from_here"``) and the last epoch MLflow holds: the epochs run since the
-    checkpoint were logged as they ended, so they run again but are not logged again. A checkpointed
-    epoch MLflow missed is logged now.
-    """
-    with checkpoint.as_directory() as folder:
-        state = torch.load(Path(folder) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
-    module.load_state_dict(state["model"])
+    _, state = load_checkpoint(checkpoint)
+    (net.module if hasattr(net, "module") else net).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    logged_through = state["epoch"]
-    if mlflow_client:
-        logged = {m.step for m in mlflow_client.get_metric_history(run_id, "train_loss")}
-        log_epochs(mlflow_client, run_id, [past for past in state["history"] if past["epoch"] not in logged])
-        logged_through = max(logged | {logged_through})
     history = state["history"]
-    history[-1]["resumed_from_here"] = history[-1].get("resumed_from_here", 0) + 1
-    return state["epoch"] + 1, history, logged_through
+    history[-1]["resumed_from_here"] = history[-1].get("resumed_from_here", 0) + 1  # where a restart began
+    logged = tracking.backfill_epochs(mlflow_client, run_id, history, TRACKED) if mlflow_client else state["epoch"]
+    return state["epoch"] + 1, history, logged
 
 
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
+# From notebooks/04_distributed_training.ipynb, cell 35 (id c086a405).
 def checkpoint_due(epoch: int, config: dict[str, Any]) -> bool:
     """Whether ``epoch`` ends with a checkpoint: every ``checkpoint_every`` epochs, and always the last."""
     return epoch % int(config.get("checkpoint_every", 1)) == 0 or epoch == int(config["epochs"])
 
 
-# From notebooks/04_distributed_training.ipynb, cell 13 (id 7b52009b).
+# From notebooks/04_distributed_training.ipynb, cell 37 (id 34fee604).
 def train_func_per_worker(config: dict[str, Any]) -> None:
-    """The per-worker training loop Ray Train runs on every worker (notebook 04)."""
-    entered = time.time()
-    torch.set_num_threads(int(config.get("torch_threads", 1)))
-    torch.manual_seed(int(config.get("seed", 0)))
+    """The loop Ray Train runs in every worker: train on this worker's shard, report every epoch, checkpoint."""
+    torch.set_num_threads(config["torch_threads"])
+    torch.manual_seed(config["seed"])
     rank = ray.train.get_context().get_world_rank()
-    net = prepare_model(model_from_params(config))
-    module = net.module if hasattr(net, "module") else net  # the model inside the parallel wrapper
+    net = prepare_model(model_from_params(config))  # wrapped for data parallelism
     optimizer = make_optimizer(config["optimizer"], net.parameters(), config["lr"], config["momentum"])
-    loss_fn = nn.NLLLoss(reduction="sum")
     run_id, mlflow_client = config.get("run_id"), worker_mlflow_client(config, rank)
-
-    start_epoch, history, logged_through = 1, [], 0  # epochs count from 1, as in Ray Tune's training_iteration
-    if ray.train.get_checkpoint():  # after a failure Ray Train restarts the workers from the last checkpoint
-        start_epoch, history, logged_through = resume(ray.train.get_checkpoint(), module, optimizer,
-                                                      mlflow_client, run_id)
-    shard = ray.train.get_dataset_shard("train")
-    validation = ray.train.get_dataset_shard("validation") if config.get("validate") else None
-    cache = [] if config.get("cache_shard") else None  # filled by the first epoch (epoch_batches)
-    timings.record("train: worker set-up", entered)  # model, MLflow client, checkpoint, dataset shards
+    start_epoch, history, logged_through = 1, [], 0
+    if ray.train.get_checkpoint():  # a restart after a failure: go on from the last checkpoint
+        start_epoch, history, logged_through = resume(ray.train.get_checkpoint(), net, optimizer, mlflow_client, run_id)
+    shard, cache = ray.train.get_dataset_shard("train"), ShardCache(config)
     for epoch in range(start_epoch, config["epochs"] + 1):
-        maybe_fail(config, epoch, rank)
-        net.train()
-        loss_sum = correct = count = data_s = 0.0
-        started = waited = time.perf_counter()
-        wall_start = time.time()
-        for batch in epoch_batches(shard, config, epoch, cache):
-            data_s += time.perf_counter() - waited
+        maybe_fail(config, epoch, rank)  # does nothing unless the config asks for a fault (fail_at_epoch)
+        loss_sum, correct, count, started = 0.0, 0.0, 0.0, time.perf_counter()
+        batches = shard.iter_torch_batches(batch_size=config["batch_size_per_worker"], local_shuffle_buffer_size=2000,
+                                           local_shuffle_seed=config["seed"] + epoch)  # X float32, y int64 (03)
+        for batch in cache.epoch(batches, config["seed"] + epoch):  # from memory after the first epoch if cached
             optimizer.zero_grad()
             output = net(batch["X"])
-            loss = loss_fn(output, batch["y"])
-            (loss / len(batch["y"])).backward()
+            loss = nn.functional.nll_loss(output, batch["y"], reduction="sum")
+            (loss / len(batch["y"])).backward()  # the gradient of the batch mean
             optimizer.step()
-            loss_sum += float(loss.detach())
+            loss_sum, count = loss_sum + float(loss), count + len(batch["y"])
             correct += float((output.argmax(dim=1) == batch["y"]).sum())
-            count += len(batch["y"])
-            waited = time.perf_counter()
         loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count])  # sums over all workers
-        metrics = {"train_loss": loss_sum / max(count, 1), "train_accuracy": correct / max(count, 1),
-                   "epoch_seconds": time.perf_counter() - started, "data_seconds": data_s, "samples": count}
-        if validation is not None:  # "mean_accuracy" is what the sweeps of notebook 05 optimise
-            metrics["val_accuracy"] = metrics["mean_accuracy"] = validate(net, validation)
+        metrics = {"train_loss": loss_sum / count, "train_accuracy": correct / count, "samples": count,
+                   "epoch_seconds": time.perf_counter() - started}
+        if config.get("validate"):  # "mean_accuracy" is what notebook 05's sweeps optimise
+            metrics["val_accuracy"] = metrics["mean_accuracy"] = validate(net)
         history.append({"epoch": epoch, **metrics})
-        timings.record("train: epoch compute", wall_start)  # where the seconds go (benchmarks/bench_smoke.py)
-
-        keep = checkpoint_due(epoch, config)  # metrics are reported every epoch, a checkpoint when due
-        with timings.span("train: checkpoint + report"), tempfile.TemporaryDirectory() as folder:
+        with tempfile.TemporaryDirectory() as folder:  # a fresh folder for every checkpoint
             checkpoint = None
-            if rank == 0 and keep:
-                torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch,
-                            "history": history, "params": {k: config[k] for k in MODEL_KEYS if k in config}},
-                           Path(folder) / CHECKPOINT_FILE)
+            if rank == 0 and checkpoint_due(epoch, config):
+                torch.save(checkpoint_state(net, optimizer, epoch, history, config), Path(folder) / CHECKPOINT_FILE)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report({**metrics, "epoch": epoch}, checkpoint=checkpoint)
-        if mlflow_client and epoch > logged_through:  # as each epoch ends; once, also across a resume
-            if not log_epochs(mlflow_client, run_id, [history[-1]]):
-                mlflow_client = None
-            logged_through = epoch
+        if mlflow_client and epoch > logged_through:  # each epoch once, also across a resume
+            mlflow_client = mlflow_client if log_epochs(mlflow_client, run_id, [history[-1]]) else None
 
 
-# From notebooks/04_distributed_training.ipynb, cell 15 (id fa35e192).
+# From notebooks/04_distributed_training.ipynb, cell 39 (id fa35e192).
 def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> dict[str, float]:
     """CPUs per training worker that leave one CPU for Ray Data and the Train controller."""
     if use_gpu:
@@ -395,34 +262,26 @@ def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> di
     return {"CPU": min(1.0, math.floor(spare / num_workers * 100) / 100)}
 
 
-# From notebooks/04_distributed_training.ipynb, cell 15 (id fa35e192).
+# From notebooks/04_distributed_training.ipynb, cell 41 (id 18b031fe).
 def unique_run_name(prefix: str = "train") -> str:
     """A run name no earlier run has used: reusing one makes Ray Train resume that run."""
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-# From notebooks/04_distributed_training.ipynb, cell 15 (id fa35e192).
+# From notebooks/04_distributed_training.ipynb, cell 43 (id de8d2dbc).
 def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: int, run_name: str,
                  storage_path: str, use_gpu: bool = False, max_failures: int = 2, cluster_cpus: float = 2.0,
                  settings: Settings | None = None) -> TorchTrainer:
-    """A ``TorchTrainer`` for :func:`train_func_per_worker`, checkpointing into the object store (notebook 04).
-
-    Raises:
-        ParameterError: a bad parameter or worker count, or ``use_gpu=True`` on a Ray without enough GPUs
-            (Ray would wait for them for ever).
-    """
-    check_params(config)
+    """A ``TorchTrainer`` for :func:`train_func_per_worker`, checkpointing into the object store (notebook 04)."""
+    check_params(config)  # a bad value fails here, in one line, not later in a worker
     check_count("num_workers", num_workers, 1024)
     check_count("max_failures", max_failures, 100, minimum=0)
     if use_gpu:
-        gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
-        if gpus < num_workers:
-            raise ParameterError(f"use_gpu=True needs {num_workers} GPUs, one per worker; this Ray has {gpus:g}. "
-                                 "Use use_gpu=False, fewer workers, or a Ray cluster with GPUs (RAY_ADDRESS).")
+        require_gpus(num_workers)  # without them Ray would wait for ever
     resources = worker_resources(num_workers, use_gpu, cluster_cpus)
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={"torch_threads": max(1, int(resources["CPU"])), **config},
+        train_loop_config={**DEFAULT_PARAMS, "torch_threads": max(1, int(resources["CPU"])), **config},
         datasets=datasets,
         # Scaling config
         scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
@@ -438,7 +297,7 @@ def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: 
     )
 
 
-# From notebooks/04_distributed_training.ipynb, cell 17 (id 1574bddb).
+# From notebooks/04_distributed_training.ipynb, cell 45 (id 1574bddb).
 def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: int, context: str,
                 tags: dict[str, str] | None = None) -> None:
     """Log a dataset input (its source URI and object count, not the data) into run ``run_id`` (notebooks 04-06)."""
@@ -462,7 +321,7 @@ def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: i
             time.sleep(0.2 * (attempt + 1))
 
 
-# From notebooks/04_distributed_training.ipynb, cell 20 (id 181e1f46).
+# From notebooks/04_distributed_training.ipynb, cell 48 (id 181e1f46).
 @contextlib.contextmanager
 def interrupt_handler_restored():
     """Put back the process's Ctrl-C (SIGINT) handler when the block ends.
@@ -480,7 +339,46 @@ def interrupt_handler_restored():
             signal.signal(signal.SIGINT, previous)
 
 
-# From notebooks/04_distributed_training.ipynb, cell 31 (id 7719a1c7).
+# From notebooks/04_distributed_training.ipynb, cell 55 (id e357d8e4).
+def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0, timeout: float = 3.0) -> None:
+    """Log one metric with MLflow's REST API, as the original article did; a refusal raises ``RuntimeError``."""
+    body = json.dumps({"run_id": run_id, "key": key, "value": float(value), "step": int(step),
+                       "timestamp": int(time.time() * 1000)}).encode()
+    request = urllib.request.Request(f"{uri.rstrip('/')}/api/2.0/mlflow/runs/log-metric", data=body,
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            return
+    except urllib.error.HTTPError as err:
+        raise RuntimeError(f"MLflow refused the metric {key!r}: HTTP {err.code} {err.read()[:200]!r}") from None
+
+
+# From notebooks/04_distributed_training.ipynb, cell 59 (id 080239ec).
+@torch.no_grad()
+def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
+    """Predicted class of every image, in vectorised batches (no per-image loop)."""
+    model.eval()
+    x = torch.as_tensor(np.asarray(images, dtype=np.float32))
+    out = [model(x[i:i + batch_size]).argmax(dim=1) for i in range(0, len(x), batch_size)]
+    return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
+
+
+# From notebooks/04_distributed_training.ipynb, cell 61 (id 6d600f3a).
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of predictions equal to the labels."""
+    labels = np.asarray(labels)
+    return float((np.asarray(predictions) == labels).mean()) if len(labels) else 0.0
+
+
+# From notebooks/04_distributed_training.ipynb, cell 63 (id 0e6ac1f5).
+def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int = 10) -> np.ndarray:
+    """``[true, predicted]`` counts."""
+    matrix = np.zeros((classes, classes), dtype=np.int64)
+    np.add.at(matrix, (np.asarray(labels, dtype=np.int64), np.asarray(predictions, dtype=np.int64)), 1)
+    return matrix
+
+
+# From notebooks/04_distributed_training.ipynb, cell 66 (id 7719a1c7).
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):
     """Log ``net`` as an MLflow PyTorch model (signature and input example from ``example``) in the active run."""
     import mlflow

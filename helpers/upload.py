@@ -2,26 +2,25 @@
 
 Lesson 01 · Upload MNIST to an object store. Above each definition, the cell that teaches it.
 """
+import functools
 import gzip
-import hashlib
 import io
-import json
 import time
-import uuid
 from collections.abc import Iterable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
 from minio import Minio
-from minio.error import S3Error
 from PIL import Image
 
 from helpers.config import ParameterError, check_count
 from helpers.mnist import load_mnist
 from helpers.notebook import progress_bar
-from helpers.storage import (StorageError, check_bucket_name, ensure_bucket, get_client, image_keys,
-                             object_store_errors, smoke_sizes, translate_error)
+from helpers.storage import (check_bucket_name, ensure_bucket, get_client, image_keys, object_store_errors,
+                             smoke_sizes)
+from helpers.upload_support import (append_object_id, check_one_format, damaged_keys, finish_append,
+                                    raise_interrupted, start_or_resume_append)
 
 
 # From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
@@ -37,7 +36,7 @@ def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
     return buffer.getvalue()
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
+# From notebooks/01_upload_mnist.ipynb, cell 15 (id 246b941e).
 def object_key(split: str, label: int, object_id: str, image_format: str = "png") -> str:
     """The key of one image: ``train/5/00000.png`` (split, label, id)."""
     return f"{split}/{int(label)}/{object_id}.{image_format}"
@@ -45,11 +44,9 @@ def object_key(split: str, label: int, object_id: str, image_format: str = "png"
 
 SPLITS = ("train", "test")
 MANIFEST_KEY = "_manifest/objects.txt.gz"
-APPEND_MARKER_KEY = "_manifest/append-in-progress.json"
-_APPEND_NAMESPACE = uuid.UUID("6f1d1c1e-2b7a-4f0e-9d1e-3c5a7b9e0f42")
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 16 (id f1abd670).
+# From notebooks/01_upload_mnist.ipynb, cell 18 (id f1abd670).
 def plan_keys(smoke_test_size: int = 0, image_format: str = "png",
               append_round: str | None = None) -> list[tuple[str, str, int]]:
     """The objects an upload should create: ``(key, split, index into the MNIST array)``."""
@@ -58,27 +55,27 @@ def plan_keys(smoke_test_size: int = 0, image_format: str = "png",
     for split, count in zip(SPLITS, smoke_sizes(smoke_test_size), strict=True):
         labels = data.split(split)[1]
         for index in range(count):
-            if append_round is None:
-                object_id = f"{index:05d}"
-            else:
-                object_id = str(uuid.uuid5(_APPEND_NAMESPACE, f"{append_round}/{split}/{index}"))
+            object_id = f"{index:05d}" if append_round is None else append_object_id(append_round, split, index)
             out.append((object_key(split, labels[index], object_id, image_format), split, index))
     return out
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 19 (id 9e6a55b6).
+# From notebooks/01_upload_mnist.ipynb, cell 21 (id 9e6a55b6).
+def image_bytes(split: str, index: int, image_format: str = "png") -> bytes:
+    """What the object of MNIST image ``index`` of ``split`` holds: the image, encoded."""
+    return encode_image(load_mnist().split(split)[0][index], image_format)
+
+
+# From notebooks/01_upload_mnist.ipynb, cell 23 (id e35b63ba).
 def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]], image_format: str = "png",
                    max_workers: int = 16, progress: bool = True) -> None:
     """PUT every ``(key, split, index)`` of ``items`` with a thread pool (notebook 01).
 
-    Raises:
-        StorageError: an upload failed; the message says how many finished and to run the call again.
+    A failure raises ``StorageError`` saying how many finished and to run the call again.
     """
-    data = load_mnist()
-
     def put(item: tuple[str, str, int]) -> None:
         key, split, index = item
-        body = encode_image(data.split(split)[0][index], image_format)
+        body = image_bytes(split, index, image_format)
         client.put_object(bucket, key, io.BytesIO(body), len(body), content_type=f"image/{image_format}")
 
     check_count("max_workers", max_workers, 256)
@@ -90,30 +87,18 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         while pending:
             finished, pending = wait(pending, timeout=1.0, return_when=FIRST_EXCEPTION)
             for future in finished:
-                future.result()
+                future.result()  # the first failure raises here
                 done += 1
             bar.update(len(finished))
-    except BaseException as err:
-        # A failure or a kernel interrupt: drop the queued uploads; only those already sending finish.
+    except BaseException as err:  # a failure or the kernel's interrupt: drop the queued uploads
         pool.shutdown(wait=True, cancel_futures=True)
-        again = "Nothing is lost: run the same call again to upload only the missing objects."
-        if not isinstance(err, Exception):  # KeyboardInterrupt: stop, as asked
-            print(f"Upload interrupted after {done:,} of {len(items):,} objects. {again}")
-            raise
-        raise StorageError(f"Upload interrupted after {done:,} of {len(items):,} objects: "
-                           f"{translate_error(err, client, bucket)} {again}") from None
+        raise_interrupted(err, done, len(items), client, bucket)
     finally:
         pool.shutdown(wait=True)
         bar.close()
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 19 (id 9e6a55b6).
-def existing_keys(client: Minio, bucket: str) -> set[str]:
-    """Every data key already in the bucket (one recursive listing per split)."""
-    return set(existing_objects(client, bucket))
-
-
-# From notebooks/01_upload_mnist.ipynb, cell 19 (id 9e6a55b6).
+# From notebooks/01_upload_mnist.ipynb, cell 25 (id 40bf7886).
 def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     """``{key: (size, ETag)}`` of every image in the bucket (the listing carries both: no GET).
 
@@ -125,7 +110,13 @@ def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     return {key: listed[key] for key in image_keys(listed, bucket)}
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
+# From notebooks/01_upload_mnist.ipynb, cell 27 (id 3feb6879).
+def existing_keys(client: Minio, bucket: str) -> set[str]:
+    """Every data key already in the bucket (one recursive listing per split)."""
+    return set(existing_objects(client, bucket))
+
+
+# From notebooks/01_upload_mnist.ipynb, cell 30 (id 472b07b9).
 @dataclass(frozen=True)
 class UploadReport:
     """What :func:`upload_mnist` did: objects planned, uploaded, already present, and how long it took."""
@@ -152,7 +143,7 @@ class UploadReport:
                 f"({self.objects_per_second:,.0f} objects/s); {self.skipped:,} were already there.")
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
+# From notebooks/01_upload_mnist.ipynb, cell 32 (id eff84a7d).
 def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
     """Write every data key of the bucket into one gzipped object; returns the number of keys."""
     keys = [k for k in keys if k.startswith(("train/", "test/"))]
@@ -162,74 +153,31 @@ def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
     return len(keys)
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
-def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
-                           image_format: str) -> tuple[str, int, str]:
-    """Begin a new append round, or pick up the one an interrupted call left behind."""
-    with object_store_errors(client, bucket):
-        try:
-            response = client.get_object(bucket, APPEND_MARKER_KEY)
-            try:
-                marker = json.loads(response.read())
-                marker = {k: marker[k] for k in ("round", "smoke_test_size", "image_format")}
-            except (ValueError, TypeError, KeyError):
-                raise StorageError(
-                    f"The append marker {APPEND_MARKER_KEY} in bucket '{bucket}' is damaged. Delete it "
-                    f"(client.remove_object({bucket!r}, {APPEND_MARKER_KEY!r})) and run again: the unfinished "
-                    "round's objects stay, and a new round starts.") from None
-            finally:
-                response.close()
-                response.release_conn()
-            print(f"Resuming the unfinished append round {marker['round'][:8]} "
-                  f"(smoke_test_size={marker['smoke_test_size']}, {marker['image_format']}).")
-            return marker["round"], marker["smoke_test_size"], marker["image_format"]
-        except S3Error as err:
-            if err.code != "NoSuchKey":
-                raise
-        marker = {"round": uuid.uuid4().hex, "smoke_test_size": int(smoke_test_size), "image_format": image_format}
-        body = json.dumps(marker).encode()
-        client.put_object(bucket, APPEND_MARKER_KEY, io.BytesIO(body), len(body), content_type="application/json")
-    return marker["round"], marker["smoke_test_size"], marker["image_format"]
-
-
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
+# From notebooks/01_upload_mnist.ipynb, cell 34 (id ea6a6880).
 def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png", append: bool = False,
                  max_workers: int = 16, client: Minio | None = None, progress: bool = True) -> UploadReport:
     """Upload MNIST, one image per object, in parallel; idempotent and resumable (notebook 01).
 
-    Args:
-        bucket: target bucket (created if missing).
-        smoke_test_size: number of training images (0 = all 60,000); the test split gets a sixth.
-        image_format: ``"png"`` (lossless, default) or ``"jpeg"`` (the original article's choice).
-        append: add a new set of objects with fresh UUIDs instead of completing the canonical one.
-        max_workers: parallel uploads (threads sharing one connection pool).
-        client: a MinIO client; :func:`helpers.storage.get_client` by default.
-        progress: show a progress bar.
-
-    An object that exists with other bytes than its image (overwritten, truncated) is uploaded
-    again: the encoding is deterministic, so size and ETag (the MD5 of a single-part upload)
-    say which objects differ without reading any of them.
-
-    Raises:
-        ParameterError: bad bucket name, smoke size, image format or worker count, or the bucket
-            already holds images in the other format.
-        StorageError: store unreachable, wrong credentials, or the upload was interrupted.
+    ``smoke_test_size`` training images (0: all 60,000) and a sixth as many test images go to ``bucket``
+    (created if missing) as ``image_format`` ("png" or "jpeg"). Only what is missing or damaged is sent;
+    ``append=True`` adds a new round of objects instead. A bad argument raises ``ParameterError``, an
+    unreachable store or an interrupted upload ``StorageError``.
     """
     image_format = "jpeg" if image_format == "jpg" else image_format
-    encode_image(np.zeros((28, 28), np.uint8), image_format)  # validates the format up front
+    encode_image(np.zeros((28, 28), np.uint8), image_format)  # checks the format up front
     smoke_sizes(smoke_test_size)
     check_bucket_name(bucket)
     check_count("max_workers", max_workers, 256)
     client = client or get_client(max_connections=max_workers)
     ensure_bucket(client, bucket)  # also the connection and credentials check
     append_round = None
-    if append:
+    if append:  # a new round, or the one an interrupted call left unfinished
         append_round, smoke_test_size, image_format = start_or_resume_append(
             client, bucket, smoke_test_size, image_format)
     existing = existing_objects(client, bucket)
     check_one_format(bucket, existing, image_format)
     plan = plan_keys(smoke_test_size, image_format, append_round)
-    damaged = damaged_keys(existing, plan, image_format)
+    damaged = damaged_keys(existing, plan, functools.partial(image_bytes, image_format=image_format))
     missing = [item for item in plan if item[0] not in existing or item[0] in damaged]
     started = time.perf_counter()
     if missing:
@@ -237,40 +185,12 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
     seconds = time.perf_counter() - started
     write_manifest(client, bucket, sorted(set(existing) | {key for key, _, _ in plan}))
     if append:
-        with object_store_errors(client, bucket):
-            client.remove_object(bucket, APPEND_MARKER_KEY)
+        finish_append(client, bucket)
     return UploadReport(bucket, len(plan), len(missing), len(plan) - len(missing), seconds,
                         "append" if append else "idempotent", repaired=len(damaged))
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
-def check_one_format(bucket: str, existing: Iterable[str], image_format: str) -> None:
-    """Refuse to mix PNG and JPEG in one bucket: the same image twice would make every listing count it twice."""
-    others = sorted({key.rsplit(".", 1)[-1] for key in existing} - {image_format})
-    if others:
-        raise ParameterError(
-            f"Bucket '{bucket}' already holds {others[0]} images; one image format per bucket. Use "
-            f"image_format={others[0]!r}, or another bucket for {image_format}.")
-
-
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
-def damaged_keys(existing: dict[str, tuple[int, str]], plan: list[tuple[str, str, int]],
-                 image_format: str) -> set[str]:
-    """Planned keys that exist with other bytes than their image (compared by size and ETag, no GET)."""
-    data = load_mnist()
-    damaged = set()
-    for key, split, index in plan:
-        if key not in existing:
-            continue
-        size, etag = existing[key]
-        body = encode_image(data.split(split)[0][index], image_format)
-        # A multipart ETag ("<md5>-<parts>") is not the body's MD5: there the size has to do.
-        if size != len(body) or ("-" not in etag and etag != hashlib.md5(body).hexdigest()):
-            damaged.add(key)
-    return damaged
-
-
-# From notebooks/01_upload_mnist.ipynb, cell 22 (id 472b07b9).
+# From notebooks/01_upload_mnist.ipynb, cell 36 (id b28bebbf).
 def verify_upload(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png",
                   repair: bool = False, client: Minio | None = None) -> list[str]:
     """Keys of the canonical upload that are missing or differ from their image; with ``repair``, upload them again.
@@ -282,7 +202,8 @@ def verify_upload(bucket: str = "mnist", smoke_test_size: int = 0, image_format:
     client = client or get_client()
     plan = plan_keys(smoke_test_size, image_format)
     existing = existing_objects(client, bucket)
-    bad = sorted(damaged_keys(existing, plan, image_format) | {key for key, _, _ in plan if key not in existing})
+    body_of = functools.partial(image_bytes, image_format=image_format)
+    bad = sorted(damaged_keys(existing, plan, body_of) | {key for key, _, _ in plan if key not in existing})
     if repair and bad:
         wanted = set(bad)
         upload_objects(client, bucket, [item for item in plan if item[0] in wanted], image_format, progress=False)

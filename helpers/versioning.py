@@ -176,3 +176,47 @@ def check_same_object_store(repo, s3_client, s3_endpoint: str) -> None:
             "and reads this bucket directly, so point LAKEFS_ENDPOINT at a lakeFS whose blockstore is S3_ENDPOINT "
             "(docker compose and `python -m helpers.stack up` set theirs up that way)."
         ) from None
+
+
+def current_import(repo, head, bucket: str, prefixes: tuple[str, ...] | list[str], s3_client) -> int | None:
+    """How many objects ``head`` imported, when it holds exactly the bucket's objects under ``prefixes``; else None.
+
+    Exactly: the same keys with the same ETags. An object overwritten in the bucket since is imported
+    again, so a commit id always names the bytes it was made from.
+    """
+    from helpers.storage import object_store_errors
+
+    sources = ",".join(f"s3://{bucket}/{p}" for p in prefixes)
+    if head.metadata.get("import_source") != sources:
+        return None
+    with lakefs_errors(f"listing {head.id[:12]}"):
+        held = {o.path: o.checksum for prefix in prefixes for o in repo.ref(head.id).objects(prefix=prefix)}
+    with object_store_errors(s3_client, bucket):
+        stored = {o.object_name: (o.etag or "").strip('"') for prefix in prefixes
+                  for o in s3_client.list_objects(bucket, prefix=prefix, recursive=True)}
+    return len(held) if held == stored else None
+
+
+def wait_for_import(manager, sources: str, timeout: float, poll_seconds: float = 0.5):
+    """The finished import's status, polled here.
+
+    Not ``manager.wait()``: that runs ``asyncio.run()``, which fails inside Jupyter's event loop.
+
+    Raises:
+        LakeFSError: the import failed (lakeFS's message) or took longer than ``timeout`` seconds (it is
+            cancelled then, and nothing was committed).
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        status = manager.status()
+        if status.error is not None:
+            raise LakeFSError(f"importing {sources}: {status.error.message}")
+        if status.completed:
+            return status
+        if time.monotonic() > deadline:
+            manager.cancel()
+            raise LakeFSError(f"importing {sources} did not finish within {timeout:.0f} s and was cancelled "
+                              "(nothing was committed): run it again, with a larger timeout= for a large bucket.")
+        time.sleep(poll_seconds)

@@ -26,16 +26,38 @@ def test_spans_are_recorded_only_when_asked(tmp_path, monkeypatch):
     assert 0 < timings.process_started() <= spans[1]["start"]
 
 
-def test_the_breakdown_sums_labels_and_finds_ray_train_s_start_and_teardown():
+def test_the_breakdown_sums_labels_and_finds_ray_train_s_start_epochs_and_teardown():
+    logged = [{"label": "train: epoch logged", "start": t, "end": t} for t in (22.0, 24.0, 25.5)]
     spans = [{"label": "ray start", "start": 0.0, "end": 8.0}, {"label": "training", "start": 10.0, "end": 40.0},
-             {"label": "train: epoch compute", "start": 22.0, "end": 23.0},
-             {"label": "train: epoch compute", "start": 24.0, "end": 25.5},
-             {"label": "train: checkpoint + report", "start": 25.5, "end": 31.0}]
+             {"label": "tune: trial", "start": 1.0, "end": 3.0}, {"label": "tune: trial", "start": 2.0, "end": 2.5},
+             *logged]
     parts = bench_smoke.breakdown(spans)
-    assert parts["train: epoch compute"] == {"seconds": 2.5, "count": 2}
-    assert parts["train: start (fit to first epoch)"]["seconds"] == 12.0
-    assert parts["train: teardown (last report to fit's return)"]["seconds"] == 9.0
-    assert "train: start (fit to first epoch)" not in bench_smoke.breakdown(spans[:1])
+    assert parts["tune: trial"] == {"seconds": 2.5, "count": 2} and "train: epoch logged" not in parts
+    assert parts["train: start (fit to the first epoch's end)"]["seconds"] == 12.0
+    assert parts["train: epochs after the first"] == {"seconds": 3.5, "count": 2}
+    assert parts["train: teardown (last epoch's end to fit's return)"]["seconds"] == 14.5
+    assert "train: epochs after the first" not in bench_smoke.breakdown(spans[:2])
+
+
+def test_epochs_and_trials_are_measured_from_mlflow_outside_the_lesson(settings):
+    """The lesson code holds no timer: the benchmark reads the epochs' and trials' times from MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from helpers import tracking
+
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    experiment = tracking.experiment_id(client, "tests-bench-spans")
+    run_id = client.create_run(experiment).info.run_id
+    for epoch, stamp in ((1, 1_000_000), (2, 1_002_500)):
+        client.log_metric(run_id, "train_loss", 1.0 / epoch, timestamp=stamp, step=epoch)
+    parent = client.create_run(experiment).info.run_id
+    child = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
+    client.set_terminated(child)
+    spans = bench_smoke.mlflow_spans({"MLflow run id": run_id, "MLflow parent run id": parent},
+                                     settings.mlflow_tracking_uri)
+    assert sorted(s["end"] for s in spans if s["label"] == "train: epoch logged") == [1000.0, 1002.5]
+    (trial,) = [s for s in spans if s["label"] == "tune: trial"]
+    assert 0 <= trial["end"] - trial["start"] < 60
 
 
 def test_targets_are_judged_in_yardsticks_of_the_same_run():

@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from helpers import cluster, listing, notebook, preprocess, stack, storage, upload, worker_env
+from helpers import cluster, listing, notebook, preprocess, preprocess_support, stack, storage, upload, worker_env
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
 
@@ -135,7 +135,7 @@ def test_skip_mode_never_skips_an_outage(ray_local, broken_bucket, monkeypatch, 
         worker(batch)
     with pytest.raises(expected):
         preprocess.preprocess_batch(batch, broken_bucket, skip_counter_name=counter)
-    assert preprocess.skipped_keys(counter) == []
+    assert preprocess_support.skipped_keys(counter) == []
 
 
 def test_repacking_swaps_in_the_new_shards_only_when_all_are_written(ray_local, dataset_bucket, pointers, client):
@@ -179,7 +179,7 @@ def test_skip_mode_drops_and_counts_bad_objects(ray_local, broken_bucket, client
     out = run_preprocessing(preprocess.to_ray_dataset(x, y), broken_bucket, method, batch_size=8,
                           skip_counter_name=counter).materialize()
     assert out.count() == len(x) - 2
-    assert sorted(preprocess.skipped_keys(counter)) == ["train/2/missing.png", "train/3/corrupt.png"]
+    assert sorted(preprocess_support.skipped_keys(counter)) == ["train/2/missing.png", "train/3/corrupt.png"]
 
 
 def test_shards_packed_by_an_older_version_ask_to_be_packed_again(ray_local, dataset_bucket, settings):
@@ -233,7 +233,7 @@ def test_numbered_pointers_carry_their_position(ray_local):
 def test_logger_stamps_pid_and_node(ray_local, dataset_bucket, pointers, tmp_path):
     run_preprocessing(preprocess.to_ray_dataset(*pointers, override_num_blocks=4), dataset_bucket, "tasks",
                     batch_size=100, log_dir=str(tmp_path)).materialize()
-    lines = preprocess.read_log(tmp_path)
+    lines = preprocess_support.read_log(tmp_path)
     assert len(lines) >= 4
     assert all(line.split()[0].isdigit() and " on node " in line for line in lines)
     assert {int(line.split()[0]) for line in lines}.isdisjoint({os.getpid()}), "written by Ray workers"
@@ -284,7 +284,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
         assert result.returncode == 0, result.stderr[-3000:]
         facts = json.loads(result.stdout.strip().splitlines()[-1])
         assert facts["rows"] == SMOKE and len(facts["nodes"]) == 2
-        used = {line.split(" on node ")[1].split(":")[0] for line in preprocess.read_log(tmp_path)}
+        used = {line.split(" on node ")[1].split(":")[0] for line in preprocess_support.read_log(tmp_path)}
         assert used == set(facts["nodes"]), "tasks ran on both nodes"
     finally:
         for proc in reversed(nodes):  # a throwaway cluster: `ray start --block` takes 20 s and more on SIGTERM
@@ -320,7 +320,7 @@ def test_extra_columns_keep_only_the_rows_whose_image_is_kept(ray_local):
     batch = preprocess.to_batch(["a", "b", "c"], [1, 2, 3], [image, ValueError("not an image"), image], counter,
                                 {"row": np.array([10, 11, 12])})
     assert batch["y"].tolist() == [1, 3] and batch["row"].tolist() == [10, 12] and batch["X"].shape == (2, 1, 28, 28)
-    assert preprocess.skipped_keys(counter) == ["b"]
+    assert preprocess_support.skipped_keys(counter) == ["b"]
 
 
 def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():

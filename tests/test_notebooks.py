@@ -150,15 +150,11 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     # README's fault demo: fail_at_epoch = 7 at the defaults (10 epochs, a checkpoint every 5)
     facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, hidden_sizes=[64], fail_at_epoch=7)
     spans = timings.read(tmp_path / "spans.jsonl")
-    assert {"kernel start + imports", "ray start", "load: list + fetch + decode", "training", "train: epoch compute",
-            "train: checkpoint + report"} <= {s["label"] for s in spans}
-    driver = {s["pid"] for s in spans if s["label"] == "training"}
-    workers = {s["pid"] for s in spans if s["label"].startswith("train: ")}
-    assert len(driver) == 1 and len(workers) >= 2 and not driver & workers, "the workers' spans land in the same file"
-    # A checkpoint at epoch 5 (and 10); the fault comes as epoch 7 starts, so the run went back to epoch 5:
-    # epoch 6 ran twice, by the first and by the restarted workers.
-    epochs_run = sum(s["label"] == "train: epoch compute" for s in spans) // 2  # two workers
-    assert epochs_run == 10 + 1, "the resume started after epoch 5's checkpoint, not from scratch"
+    labels = {s["label"] for s in spans}
+    assert {"kernel start + imports", "ray start", "load: list + fetch + decode", "training"} <= labels
+    assert not [s for s in spans if s["label"].startswith("train: ")], "the taught loop holds no timer"
+    # A checkpoint at epoch 5 (and 10); the fault comes in epoch 7, so the run went back to epoch 5: the
+    # history in the last checkpoint marks epoch 5 as where a restart began.
     assert facts["injected failure in epoch"] == 7 and facts["resumed from the checkpoint of epoch"] == 5
     assert facts["epochs"] == 10 and facts["last epoch loss"] < facts["first epoch loss"]
     assert facts["test accuracy"] > 0.6 and facts["test images"] == 50

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from helpers import listing, storage, upload
+from helpers import listing, storage, upload, upload_support
 from helpers.config import ConfigError, ParameterError, Settings
 from helpers.mnist import load_mnist
 
@@ -70,7 +70,7 @@ def test_append_grows_the_data_set_and_resumes_an_interrupted_round(client, uplo
     assert resumed.planned == 35
     keys = listing.list_objects_parallel(bucket, client=client)
     assert len(keys) == len(set(keys)) == 315
-    assert upload.APPEND_MARKER_KEY not in listing.get_object_list(bucket, client=client)
+    assert upload_support.APPEND_MARKER_KEY not in listing.get_object_list(bucket, client=client)
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 315
 
 
@@ -329,7 +329,7 @@ def test_a_damaged_manifest_or_append_marker_is_named_with_the_fix(client, uploa
         listing.list_objects_from_manifest(bucket, client=client)
     upload.upload_mnist(bucket, SMOKE, client=client, progress=False)  # rewrites it
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 140
-    client.put_object(bucket, upload.APPEND_MARKER_KEY, io.BytesIO(b"{}"), 2)
+    client.put_object(bucket, upload_support.APPEND_MARKER_KEY, io.BytesIO(b"{}"), 2)
     with pytest.raises(storage.StorageError, match="append marker .* is damaged. Delete it"):
         upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
 

@@ -34,7 +34,7 @@ def run_sweep(settings, bucket, arrays, num_samples, max_concurrent_trials, sear
     client.set_terminated(parent)
     assert not results.errors, results.errors
     best = results.get_best_result(metric=sweeps.METRIC, mode=sweeps.MODE, scope="all")
-    net = sweeps.load_trial_model(sweeps.best_checkpoint(best))
+    net, _ = training.load_checkpoint(sweeps.best_checkpoint(best))
     history = {r.metrics["trial_id"]: list(zip(r.metrics_dataframe["training_iteration"].astype(int),
                                                r.metrics_dataframe[sweeps.METRIC], strict=True)) for r in results}
     return SimpleNamespace(table=results.get_dataframe(), history=history, parent_run_id=parent,

@@ -134,21 +134,31 @@ def test_a_cached_shard_gives_later_epochs_the_same_rows_in_a_new_order_without_
     import ray.data
     import torch
 
+    from helpers.worker_support import ShardCache
+
     cluster.init_ray(settings)
     shard = ray.data.from_items([{"X": np.full(4, i, np.float32), "y": i} for i in range(50)])
-    config = {"batch_size_per_worker": 8, "shuffle_buffer": 10, "seed": 1}
-    cache = []
-    first = list(training.epoch_batches(shard, config, 1, cache))
+    stream = lambda: shard.iter_torch_batches(batch_size=8)  # noqa: E731
     rows = lambda batches: torch.cat([b["y"] for b in batches]).tolist()  # noqa: E731
+    cache = ShardCache({"cache_shard": True, "batch_size_per_worker": 8})
+    first = list(cache.epoch(stream(), seed=2))
     assert sorted(rows(first)) == list(range(50))
-    assert torch.equal(cache[0][:, 0].long(), cache[1]) and sorted(cache[1].tolist()) == list(range(50))
-    second = list(training.epoch_batches(None, config, 2, cache))  # no dataset: from memory only
+    x, y = cache.rows
+    assert torch.equal(x[:, 0].long(), y) and sorted(y.tolist()) == list(range(50))
+
+    def refused():  # a stream that fails if a cached epoch ever starts it
+        raise AssertionError("a cached epoch asked Ray Data for batches")
+        yield
+
+    second = list(cache.epoch(refused(), seed=3))
     assert sorted(rows(second)) == list(range(50)) and rows(second) != rows(first)
     assert [len(b["y"]) for b in second] == [8] * 6 + [2]
     assert all(torch.equal(b["X"][:, 0].long(), b["y"]) for b in second)  # images stay with their labels
-    assert rows(training.epoch_batches(None, config, 2, cache)) == rows(second)  # seeded by epoch
-    assert rows(training.epoch_batches(None, config, 3, cache)) != rows(second)
-    assert sorted(rows(list(training.epoch_batches(shard, config, 2, None)))) == list(range(50))  # no cache
+    assert rows(cache.epoch(refused(), seed=3)) == rows(second)  # seeded by epoch
+    assert rows(cache.epoch(refused(), seed=4)) != rows(second)
+    off = ShardCache({"cache_shard": False, "batch_size_per_worker": 8})
+    assert sorted(rows(list(off.epoch(stream(), seed=2)))) == list(range(50)) and off.rows is None
+    assert sorted(rows(list(off.epoch(stream(), seed=3)))) == list(range(50))  # streamed again
 
 
 def test_rest_variant_logs_into_the_same_run(settings):
@@ -313,6 +323,10 @@ def test_a_run_ends_failed_on_an_error_and_killed_on_an_interrupt(settings):
     ({"hidden_sizes": []}, "hidden_sizes must be a list"),
     ({"hidden_sizes": [64, 0]}, "each of hidden_sizes=0"),
     ({"optimizer": "rmsprop"}, "optimizer must be"),
+    ({"model": "resnet"}, "model must be"),
+    ({"activation": "gelu"}, "activation must be"),
+    ({"dropout": 1.0}, "dropout must be"),
+    ({"seed": -1}, "seed=-1 is out of range"),
 ])
 def test_bad_training_parameters_fail_before_any_run(change, message):
     with pytest.raises(training.ParameterError, match=message):

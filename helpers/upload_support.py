@@ -1,0 +1,114 @@
+"""What notebook 01's upload calls in one line, kept out of the lesson.
+
+The lesson is the upload itself: a client, a plan of keys, a thread pool, and
+skipping what exists. Around it:
+
+* append rounds (``append=True``): a marker object in the bucket remembers the
+  round in progress, so an interrupted round is finished by the next call, and
+  each round's ids are UUIDs derived from the round id;
+* repair: objects whose size or ETag says they hold other bytes than their
+  image are found from the listing alone and uploaded again;
+* one image format per bucket, and one clear line when an upload is cut off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+
+from minio import Minio
+from minio.error import S3Error
+
+from helpers.config import ParameterError
+from helpers.storage import StorageError, object_store_errors, translate_error
+
+APPEND_MARKER_KEY = "_manifest/append-in-progress.json"
+_APPEND_NAMESPACE = uuid.UUID("6f1d1c1e-2b7a-4f0e-9d1e-3c5a7b9e0f42")
+
+
+def append_object_id(append_round: str, split: str, index: int) -> str:
+    """The id of image ``index`` of ``split`` in an append round: new for each round, the same on a resume."""
+    return str(uuid.uuid5(_APPEND_NAMESPACE, f"{append_round}/{split}/{index}"))
+
+
+def _read_marker(client: Minio, bucket: str) -> dict | None:
+    try:
+        response = client.get_object(bucket, APPEND_MARKER_KEY)
+    except S3Error as err:
+        if err.code == "NoSuchKey":
+            return None
+        raise
+    try:
+        marker = json.loads(response.read())
+        return {k: marker[k] for k in ("round", "smoke_test_size", "image_format")}
+    except (ValueError, TypeError, KeyError):
+        raise StorageError(
+            f"The append marker {APPEND_MARKER_KEY} in bucket '{bucket}' is damaged. Delete it "
+            f"(client.remove_object({bucket!r}, {APPEND_MARKER_KEY!r})) and run again: the unfinished "
+            "round's objects stay, and a new round starts.") from None
+    finally:
+        response.close()
+        response.release_conn()
+
+
+def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
+                           image_format: str) -> tuple[str, int, str]:
+    """Begin a new append round, or pick up the one an interrupted call left behind: its id, size and format."""
+    with object_store_errors(client, bucket):
+        marker = _read_marker(client, bucket)
+        if marker is not None:
+            print(f"Resuming the unfinished append round {marker['round'][:8]} "
+                  f"(smoke_test_size={marker['smoke_test_size']}, {marker['image_format']}).")
+        else:
+            marker = {"round": uuid.uuid4().hex, "smoke_test_size": int(smoke_test_size),
+                      "image_format": image_format}
+            body = json.dumps(marker).encode()
+            client.put_object(bucket, APPEND_MARKER_KEY, io.BytesIO(body), len(body),
+                              content_type="application/json")
+    return marker["round"], marker["smoke_test_size"], marker["image_format"]
+
+
+def finish_append(client: Minio, bucket: str) -> None:
+    """Mark the append round done (its marker object goes)."""
+    with object_store_errors(client, bucket):
+        client.remove_object(bucket, APPEND_MARKER_KEY)
+
+
+def check_one_format(bucket: str, existing: Iterable[str], image_format: str) -> None:
+    """Refuse to mix PNG and JPEG in one bucket: the same image twice would make every listing count it twice."""
+    others = sorted({key.rsplit(".", 1)[-1] for key in existing} - {image_format})
+    if others:
+        raise ParameterError(
+            f"Bucket '{bucket}' already holds {others[0]} images; one image format per bucket. Use "
+            f"image_format={others[0]!r}, or another bucket for {image_format}.")
+
+
+def damaged_keys(existing: Mapping[str, tuple[int, str]], plan: Iterable[tuple[str, str, int]],
+                 body_of: Callable[[str, int], bytes]) -> set[str]:
+    """Planned keys that exist with other bytes than ``body_of(split, index)``, told by size and ETag (no GET).
+
+    Encoding an image always gives the same bytes, and a single-part upload's ETag is the MD5 of its
+    bytes; a multipart ETag (``"<md5>-<parts>"``) is not, and there the size has to do.
+    """
+    damaged = set()
+    for key, split, index in plan:
+        if key not in existing:
+            continue
+        size, etag = existing[key]
+        body = body_of(split, index)
+        if size != len(body) or ("-" not in etag and etag != hashlib.md5(body).hexdigest()):
+            damaged.add(key)
+    return damaged
+
+
+def raise_interrupted(err: BaseException, done: int, total: int, client: Minio, bucket: str) -> None:
+    """Re-raise an upload's failure (or the kernel's interrupt) with how far it got and how to resume."""
+    again = "Nothing is lost: run the same call again to upload only the missing objects."
+    if not isinstance(err, Exception):  # KeyboardInterrupt: stop, as asked
+        print(f"Upload interrupted after {done:,} of {total:,} objects. {again}")
+        raise err
+    raise StorageError(f"Upload interrupted after {done:,} of {total:,} objects: "
+                       f"{translate_error(err, client, bucket)} {again}") from None
