@@ -167,12 +167,13 @@ def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
 
 
 # From notebooks/04_distributed_training.ipynb, cell 29 (id 7b52009b).
-def all_reduce_sum(values: list[float]) -> list[float]:
-    """Sum ``values`` over all workers (a no-op with one worker or outside Ray Train)."""
-    tensor = torch.tensor(values, dtype=torch.float64)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.all_reduce(tensor)
-    return tensor.tolist()
+def all_reduce_sum(values: list[float]) -> torch.Tensor:
+    """Sum ``values`` over all workers, on this worker's device (as they are outside Ray Train)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return torch.tensor(values, dtype=torch.float64)
+    tensor = torch.tensor(values, dtype=torch.float64, device=ray.train.torch.get_device())  # CUDA for NCCL
+    torch.distributed.all_reduce(tensor)
+    return tensor
 
 
 # From notebooks/04_distributed_training.ipynb, cell 31 (id ad1d2538).
@@ -185,7 +186,7 @@ def validate(net: nn.Module) -> float:
         correct += float((net(batch["X"]).argmax(dim=1) == batch["y"]).sum())
         count += len(batch["y"])
     net.train()
-    correct, count = all_reduce_sum([correct, count])
+    correct, count = all_reduce_sum([correct, count]).tolist()
     return correct / max(count, 1)
 
 
@@ -228,7 +229,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
         maybe_fail(config, epoch, rank)  # does nothing unless the config asks for a fault (fail_at_epoch)
         loss_sum, correct, count, started = 0.0, 0.0, 0.0, time.perf_counter()
         batches = shard.iter_torch_batches(batch_size=config["batch_size_per_worker"], local_shuffle_buffer_size=2000,
-                                           local_shuffle_seed=config["seed"] + epoch)  # X float32, y int64 (03)
+                                           local_shuffle_seed=config["seed"] + epoch)  # on get_device() (03's X, y)
         for batch in cache.epoch(batches, config["seed"] + epoch):  # from memory after the first epoch if cached
             optimizer.zero_grad()
             output = net(batch["X"])
@@ -237,7 +238,7 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
             optimizer.step()
             loss_sum, count = loss_sum + float(loss), count + len(batch["y"])
             correct += float((output.argmax(dim=1) == batch["y"]).sum())
-        loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count])  # sums over all workers
+        loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count]).tolist()  # all workers
         metrics = {"train_loss": loss_sum / count, "train_accuracy": correct / count, "samples": count,
                    "epoch_seconds": time.perf_counter() - started}
         if config.get("validate"):  # "mean_accuracy" is what notebook 05's sweeps optimise

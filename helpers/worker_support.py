@@ -77,7 +77,7 @@ class ShardCache:
         """This epoch's batches: ``streamed`` (Ray Data's, not started when cached rows are used) or the rows kept."""
         if self.rows is not None:
             x, y = self.rows
-            order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+            order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed)).to(y.device)
             for start in range(0, len(order), self.batch_size):
                 rows = order[start:start + self.batch_size]
                 yield {"X": x[rows], "y": y[rows]}
