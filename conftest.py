@@ -168,3 +168,19 @@ def assert_ctrl_c_interrupts() -> None:
         _thread.interrupt_main()  # calls this process's SIGINT handler, as a real Ctrl-C does
         for _ in range(30):
             time.sleep(0.1)
+
+
+def lakefs_test_images(repo, ref: str):
+    """The test images at a lakeFS ref and their labels, read without Ray: listed in lakeFS, fetched from the bucket.
+
+    An independent check of what notebook 06 and ``helpers.experiments`` compute through Ray Data.
+    """
+    import numpy as np
+
+    from helpers import experiments, listing, preprocess, storage
+
+    bucket, key_of = experiments.commit_pointers(repo, ref, ("test/",))
+    _, _, paths, labels = listing.split_train_test(sorted(key_of))
+    client = storage.get_client()
+    images = preprocess.decode_images([storage.read_object(client, bucket, key_of[p]) for p in paths])
+    return images, np.asarray(labels)

@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import string
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -13,27 +14,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lakefs
-import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from mlflow.tracking import MlflowClient
+from torch import nn
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, check_count, check_fraction, check_positive, load_settings
+from helpers.cluster import init_ray
+from helpers.config import ParameterError, Settings, load_settings
+from helpers.dataset_cache import read_once
 from helpers.listing import split_train_test
-from helpers.preprocess import decode_images
-from helpers.storage import (REPAIR_HINT, ObjectDecodeError, bucket_not_found, endpoint_of, ensure_bucket, get_client,
-                             object_store_errors)
-from helpers.training import (accuracy, checkpoint_state, load_checkpoint, log_dataset, log_torch_model,
-                              make_optimizer, model_from_params)
-from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store, connect,
+from helpers.preprocess import dataset_to_numpy, pointers_to_datasets, shuffle_pointers
+from helpers.storage import bucket_not_found, endpoint_of, ensure_bucket, get_client, object_store_errors
+from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, interrupt_handler_restored,
+                              load_checkpoint, log_dataset, log_torch_model, make_trainer, unique_run_name)
+from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store,
                                 current_import, lakefs_errors, storage_namespace, wait_for_import)
+from helpers.worker_support import check_params
 
 INGEST_BRANCH = "ingest"
 EXPERIMENT_PREFIX = "exp-"
 MODEL_PATH, PARAMS_PATH, METRICS_PATH = "artifacts/model.pt", "config/params.json", "metrics/metrics.json"
 EXPERIMENT_FILES = (MODEL_PATH, PARAMS_PATH, METRICS_PATH)
 MLFLOW_EXPERIMENT = "lakefs-experiments"
+MODEL_LOGGING = threading.Lock()  # MLflow saves a model with torch.export, which is not thread-safe
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 8 (id 37e4b957).
@@ -84,7 +88,7 @@ def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
 def list_paths(repo, ref: str, prefix: str) -> list[str]:
     """Every object path under ``prefix`` at ``ref`` (a branch, tag or commit id), sorted."""
     with lakefs_errors(f"listing {prefix} at {ref}"):
-        return sorted(o.path for o in repo.ref(ref).objects(prefix=prefix))
+        return sorted(o.path for o in repo.ref(ref).objects(prefix=prefix, amount=1000))  # pages of 1,000
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id e0648050).
@@ -132,108 +136,77 @@ def read_json(repo, ref: str, path: str) -> dict[str, Any]:
     return json.loads(read_bytes(repo, ref, path))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 25 (id fb342e8b).
-def select_paths(paths: Sequence[str], limit: int, seed: int) -> list[str]:
-    """A seeded, shuffled subset of at most ``limit`` paths (0 = all): the same list for the same commit."""
-    order = np.random.default_rng(seed).permutation(len(paths))
-    chosen = [paths[i] for i in order]
-    return chosen[:limit] if limit else chosen
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 26 (id 07401812).
+def commit_pointers(repo, ref: str, prefixes: Sequence[str] = ("train/", "test/")) -> tuple[str, dict[str, str]]:
+    """The bucket holding the objects under ``prefixes`` at ``ref``, and each object's path -> its key there.
+
+    Raises:
+        LakeFSError: nothing is there, or the objects live in more than one bucket.
+    """
+    with lakefs_errors(f"listing {', '.join(prefixes)} at {ref}"):
+        found = [o for prefix in prefixes for o in repo.ref(ref).objects(prefix=prefix, amount=1000)]
+    where = {o.path: o.physical_address.removeprefix("s3://").split("/", 1) for o in found}
+    buckets = sorted({bucket for bucket, _ in where.values()})
+    if len(buckets) != 1:
+        raise LakeFSError(f"The objects under {', '.join(prefixes)} at {ref[:12]} are stored in {buckets or 'no'} "
+                          "bucket(s): the pointer path reads imported objects of one bucket. Import the data first, "
+                          "or read objects written through lakeFS with its S3 gateway.")
+    return buckets[0], {path: key for path, (_, key) in where.items()}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 27 (id 4949d9e1).
-def read_split(repo, ref: str, split: str, limit: int = 0, seed: int = 0,
-               threads: int = 8) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Images, labels and paths of ``split`` ("train" or "test") as stored at ``ref``: listing and bytes from lakeFS."""
-    x_train, y_train, x_test, y_test = split_train_test(list_paths(repo, ref, f"{split}/"))
-    labels = dict(zip(x_train, y_train, strict=True)) if split == "train" else dict(zip(x_test, y_test, strict=True))
-    paths = select_paths(sorted(labels), limit, seed)
-    if not paths:
-        raise LakeFSError(f"No {split}/ objects at {ref}: import the data first (import_from_bucket).")
-    with ThreadPoolExecutor(threads) as pool:
-        bodies = list(pool.map(lambda p: read_bytes(repo, ref, p), paths))
-    try:
-        images = decode_images(bodies)
-    except Exception:  # name the object that is not an image
-        for path, body in zip(paths, bodies, strict=True):
-            try:
-                decode_images([body])
-            except Exception as err:
-                raise ObjectDecodeError(f"Object '{path}' at lakeFS ref {ref[:12]} is not a readable image "
-                                        f"({type(err).__name__}). {REPAIR_HINT}") from None
-        raise
-    return images, np.asarray([labels[p] for p in paths], dtype=np.int64), paths
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id 10c0eb3e).
+def commit_datasets(repo, ref: str, with_train: bool = True, num_actors: int = 2):
+    """Preprocessed Ray Datasets ``(train, test)`` of the images at ``ref``: listed in lakeFS, read from the bucket.
+
+    ``with_train=False`` leaves the training split empty (for testing a model).
+    """
+    bucket, key_of = commit_pointers(repo, ref, ("train/", "test/") if with_train else ("test/",))
+    x_train, y_train, x_test, y_test = split_train_test(sorted(key_of))
+    train = shuffle_pointers([key_of[p] for p in x_train], y_train, seed=0)
+    test = ([key_of[p] for p in x_test], y_test)
+    return read_once(pointers_to_datasets, bucket, train, test, num_actors=num_actors)  # the same pointers: read once
 
 
-DEFAULT_LR = {"sgd": 0.05, "adam": 0.002}
-BASE_PARAMS: dict[str, Any] = {
-    "model": "mlp", "hidden_sizes": [128, 64], "optimizer": "sgd", "epochs": 2, "momentum": 0.9,
-    "batch_size": 64, "seed": 0, "train_size": 0, "test_size": 0,
-}
+DEFAULT_LR = {"sgd": 0.05, "adam": 0.002}  # each optimizer's learning rate unless the grid sets one
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 32 (id 6639731b).
-def experiment_params(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """Full training parameters: :data:`BASE_PARAMS`, the optimizer's default lr, then ``overrides``."""
-    unknown = set(overrides) - set(BASE_PARAMS) - {"lr"}
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 33 (id 6639731b).
+def experiment_params(overrides: Mapping[str, Any], epochs: int = 2) -> dict[str, Any]:
+    """Notebook 04's training parameters: its defaults, ``epochs``, the optimizer's lr, then ``overrides``; checked."""
+    unknown = set(overrides) - set(DEFAULT_PARAMS)
     if unknown:
-        raise ParameterError(f"Unknown experiment parameter(s) {sorted(unknown)}; known: "
-                             f"{sorted([*BASE_PARAMS, 'lr'])}.")
-    params = {**BASE_PARAMS, **overrides}
-    if params["optimizer"] not in DEFAULT_LR:
-        raise ParameterError(f"optimizer must be one of {sorted(DEFAULT_LR)}, not {params['optimizer']!r}.")
-    check_count("epochs", params["epochs"], 10_000)
-    params.setdefault("lr", DEFAULT_LR[params["optimizer"]])
-    check_positive("lr", params["lr"], maximum=10.0)
-    check_count("batch_size", params["batch_size"], 100_000)
-    for name in ("train_size", "test_size"):  # 0: all the images
-        check_count(f"{name} (0: all)", params[name], 70_000, minimum=0)
-    check_count("seed", params["seed"], 2**32 - 1, minimum=0)
-    check_fraction("momentum", params["momentum"])
-    return params
+        raise ParameterError(f"Unknown experiment parameter(s) {sorted(unknown)}; known (notebook 04's): "
+                             f"{sorted(DEFAULT_PARAMS)}.")
+    optimizer = overrides.get("optimizer", DEFAULT_PARAMS["optimizer"])
+    if optimizer not in DEFAULT_LR:
+        raise ParameterError(f"optimizer must be one of {sorted(DEFAULT_LR)}, not {optimizer!r}.")
+    return dict(check_params({**DEFAULT_PARAMS, "epochs": epochs, "lr": DEFAULT_LR[optimizer], **overrides}))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 34 (id abfefeb8).
-def fit(params: Mapping[str, Any], x_train: np.ndarray, y_train: np.ndarray, on_epoch=None):
-    """Train a model deterministically (seeded, one thread); returns it and the per-epoch mean loss."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # bit-identical results whatever the machine's thread count
-    try:
-        torch.manual_seed(params["seed"])
-        net = model_from_params(dict(params))
-        optimizer = make_optimizer(params["optimizer"], net.parameters(), params["lr"], params["momentum"])
-        x, y = torch.as_tensor(x_train), torch.as_tensor(y_train)
-        rng = np.random.default_rng(params["seed"])
-        losses = []
-        for epoch in range(1, params["epochs"] + 1):  # epochs count from 1, as everywhere in the tutorial
-            net.train()
-            order = torch.as_tensor(rng.permutation(len(x)))
-            total = 0.0
-            for start in range(0, len(x), params["batch_size"]):
-                batch = order[start:start + params["batch_size"]]
-                optimizer.zero_grad()
-                loss = F.nll_loss(net(x[batch]), y[batch])
-                loss.backward()
-                optimizer.step()
-                total += loss.item() * len(batch)
-            losses.append(total / len(x))
-            if on_epoch is not None:
-                on_epoch(epoch, losses[-1])
-        return net, losses
-    finally:
-        torch.set_num_threads(threads)
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 35 (id abfefeb8).
+def train_with_ray(params: Mapping[str, Any], train, run_id: str | None, settings: Settings,
+                   cluster_cpus: float = 2.0) -> tuple[nn.Module, list[dict[str, Any]]]:
+    """One Ray Train run of notebook 04's loop with one worker: the trained model and its epoch history."""
+    config = {**params, "run_id": run_id, "tracking_uri": settings.mlflow_tracking_uri}  # the loop logs to run_id
+    trainer = make_trainer(config, {"train": train}, num_workers=1, run_name=unique_run_name("experiment"),
+                           storage_path=f"{LAKEFS_BUCKET}/ray-results", cluster_cpus=cluster_cpus, settings=settings)
+    with interrupt_handler_restored():  # fit() leaves Ray Train's Ctrl-C handler behind (notebook 04)
+        result = trainer.fit()
+    net, state = load_checkpoint(result.checkpoint)  # notebook 04's loader
+    return net, state["history"]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 36 (id f6ce6be9).
-def evaluate(net, x_test: np.ndarray, y_test: np.ndarray) -> dict[str, float]:
-    """Test accuracy and mean loss, computed from the model (nothing added to them)."""
-    net.eval()
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 37 (id f6ce6be9).
+def evaluate(net: nn.Module, test) -> dict[str, float]:
+    """Test accuracy and mean loss of ``net`` on a materialised test dataset (nothing added to them)."""
+    x_test, y_test = dataset_to_numpy(test)
     with torch.no_grad():
-        log_probs = net(torch.as_tensor(x_test))
-        return {"accuracy": accuracy(log_probs.argmax(1).numpy(), y_test),
-                "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
+        log_probs = net.eval()(torch.as_tensor(x_test))
+    return {"accuracy": accuracy(log_probs.argmax(1).numpy(), y_test),
+            "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 38 (id a854714a).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 39 (id a854714a).
 def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], extra: Mapping[str, str]) -> dict:
     """Commit metadata (string values only): ``param.<name>`` and ``metric.<name>`` as JSON, plus ``extra``."""
     out = {f"param.{k}": json.dumps(v) for k, v in params.items()}
@@ -242,14 +215,14 @@ def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], ext
     return out
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 40 (id 961defa6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 41 (id 961defa6).
 def decode_metadata(metadata: Mapping[str, str], kind: str) -> dict[str, Any]:
     """The ``param`` or ``metric`` values back from commit metadata."""
     head = f"{kind}."
     return {k[len(head):]: json.loads(v) for k, v in metadata.items() if k.startswith(head)}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 42 (id 3454d042).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 43 (id 3454d042).
 @dataclass
 class ExperimentResult:
     """One experiment as committed: branch, commit id, params, metrics, MLflow run id, seconds."""
@@ -262,13 +235,13 @@ class ExperimentResult:
     seconds: float
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 44 (id 3222a55e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 45 (id 3222a55e).
 def lakefs_source(repo_name: str, commit_id: str, prefix: str) -> str:
     """The S3 URI of a prefix at a commit through lakeFS's S3 gateway: ``s3://<repository>/<commit>/<prefix>``."""
     return f"s3://{repo_name}/{commit_id}/{prefix}"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 46 (id 4dc7ffc9).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 47 (id 4dc7ffc9).
 def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Mapping[str, Any],
                          experiment: str, lineage: Mapping[str, str] | None) -> str:
     """An MLflow run for the experiment, tagged with its lakeFS data commit, its inputs named at that commit."""
@@ -284,7 +257,7 @@ def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Map
     return run_id
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 48 (id 1d0a645d).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 49 (id 1d0a645d).
 def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics: Mapping[str, float],
                       extra: Mapping[str, str]):
     """Upload the model (notebook 04's checkpoint format), config and metrics to ``branch``; commit them together."""
@@ -302,31 +275,26 @@ def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics
                              metadata=encode_metadata(params, metrics, extra))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 50 (id dbb7c8fc).
-def train_experiment(settings: Settings, repo_name: str, branch: str, overrides: Mapping[str, Any],
-                     mlflow_experiment: str = MLFLOW_EXPERIMENT, lineage: Mapping[str, str] | None = None,
-                     ) -> ExperimentResult:
-    """Train one experiment on its branch's data and commit the model, config and metrics together (notebook 06)."""
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 51 (id dbb7c8fc).
+def train_experiment(repo, branch: str, overrides: Mapping[str, Any], datasets, data_commit: str,
+                     settings: Settings, cluster_cpus: float = 2.0, lineage: Mapping[str, str] | None = None,
+                     mlflow_experiment: str = MLFLOW_EXPERIMENT) -> ExperimentResult:
+    """Train one experiment on ``datasets`` (the images at ``data_commit``, where ``branch`` starts) and commit it."""
     import mlflow
 
     started = time.perf_counter()
-    repo = lakefs.repository(repo_name, client=connect(settings))
-    with lakefs_errors(f"reading branch {branch!r}"):
-        data_commit = repo.branch(branch).get_commit().id  # the ingest commit the branch starts from
-    params = experiment_params(overrides)
-    x_train, y_train, _ = read_split(repo, data_commit, "train", params["train_size"], params["seed"])
-    x_test, y_test, _ = read_split(repo, data_commit, "test", params["test_size"], params["seed"])
-    params.update(data_commit=data_commit, train_images=len(y_train), test_images=len(y_test))
+    params = {**experiment_params(overrides), "data_commit": data_commit,
+              "train_images": datasets[0].count(), "test_images": datasets[1].count()}
     mlflow_client, run_id = MlflowClient(settings.mlflow_tracking_uri), None
     try:  # the run ends FAILED (or KILLED) if anything below stops it, never RUNNING
-        run_id = start_experiment_run(mlflow_client, repo_name, branch, params, mlflow_experiment, lineage)
-        net, losses = fit(params, x_train, y_train, on_epoch=lambda epoch, loss: mlflow_client.log_metric(
-            run_id, "train_loss", loss, step=epoch))
-        metrics = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
-        mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=params["epochs"]))
+        run_id = start_experiment_run(mlflow_client, repo.id, branch, params, mlflow_experiment, lineage)
+        net, history = train_with_ray(params, datasets[0], run_id, settings, cluster_cpus)
+        metrics = {**evaluate(net, datasets[1]), "train_loss": history[-1]["train_loss"]}
+        mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(
+            {k: metrics[k] for k in ("accuracy", "test_loss")}, step=params["epochs"]))  # the loop logged the rest
         mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
-        with mlflow.start_run(run_id=run_id):
-            model_uri = log_torch_model(net, x_test[:5]).model_uri
+        with MODEL_LOGGING, mlflow.start_run(run_id=run_id):  # one experiment thread at a time
+            model_uri = log_torch_model(net, dataset_to_numpy(datasets[1])[0][:5]).model_uri
         commit = commit_experiment(repo, branch, net, params, metrics, {
             "experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
             "mlflow_model_uri": model_uri})
@@ -338,7 +306,7 @@ def train_experiment(settings: Settings, repo_name: str, branch: str, overrides:
     return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 52 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 53 (id 1574bddb).
 def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
     """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``.
 
@@ -349,14 +317,14 @@ def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -
     return prefix + "-".join("".join(c if c in allowed else "_" for c in p) for p in parts)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 54 (id b6e524de).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 55 (id b6e524de).
 def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
     """Every combination of the axes: ``experiment_grid(optimizer=["sgd", "adam"], epochs=[1, 3])``."""
     names = list(axes)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 56 (id 45338a65).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 57 (id 45338a65).
 def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: str) -> list[str]:
     """One branch per experiment from ``source`` (a commit id); an existing one is recreated there."""
     grid = list(grid)
@@ -374,32 +342,32 @@ def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: 
     return names
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 58 (id 99fa4765).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 59 (id 99fa4765).
 def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings | None = None,
-                    source: str = INGEST_BRANCH, parallel: bool = True) -> list[ExperimentResult]:
-    """Every experiment of ``grid`` on its own branch, in parallel as Ray tasks (one CPU each), in grid order."""
+                    source: str = INGEST_BRANCH, max_concurrent: int | None = None) -> list[ExperimentResult]:
+    """Every experiment of ``grid`` on its own branch, each a Ray Train run, ``max_concurrent`` at once (default all).
+
+    Results come back in grid order.
+    """
     settings = settings or load_settings()
     with lakefs_errors(f"resolving {source!r}"):
         source_commit = repo.ref(source).get_commit().id
     branches = create_experiment_branches(repo, grid, source_commit)
-    if not parallel:
-        return [train_experiment(settings, repo.id, b, g, lineage=tracking.lineage_tags())
-                for b, g in zip(branches, grid, strict=True)]
-    import ray
-
-    from helpers.cluster import init_ray
-
-    init_ray(settings)
-    task = ray.remote(num_cpus=1, max_retries=0)(train_experiment)
+    cpus = init_ray(settings)["CPU"]
+    datasets = commit_datasets(repo, source_commit)  # listed once in lakeFS, read once from the bucket, shared
+    concurrent = min(len(branches), max_concurrent or len(branches))
+    share = 1 + (cpus - 1) / concurrent  # each run's CPUs; make_trainer leaves one for Ray Data
     lineage = tracking.lineage_tags()  # the git commit of the code, found here on the driver
-    refs = [task.remote(settings, repo.id, b, dict(g), lineage=lineage) for b, g in zip(branches, grid, strict=True)]
+    pool = ThreadPoolExecutor(concurrent)  # each thread waits in fit(); Ray runs the runs side by side
+    runs = [pool.submit(train_experiment, repo, b, g, datasets, source_commit, settings, share, lineage)
+            for b, g in zip(branches, grid, strict=True)]
     try:
-        return ray.get(refs)
-    except ray.exceptions.RayTaskError as err:
-        raise err.as_instanceof_cause() from None
+        return [run.result() for run in runs]
+    finally:  # after an error or Ctrl-C: no new experiment starts, and this call returns at once
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 61 (id b3f0c7f6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 62 (id b3f0c7f6).
 def compare_experiments(repo, branches: Sequence[str]):
     """A table of the experiments, read back from lakeFS (commit metadata and metrics file), best first."""
     import pandas as pd
@@ -421,16 +389,14 @@ def compare_experiments(repo, branches: Sequence[str]):
     return table.sort_values("accuracy", ascending=False, ignore_index=True) if rows else table
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 63 (id 5a9f435e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 64 (id 5a9f435e).
 def evaluate_commit(repo, ref: str) -> dict[str, float]:
     """Metrics recomputed from the model committed at ``ref`` on the test images at ``ref``."""
-    params = read_json(repo, ref, PARAMS_PATH)
-    x_test, y_test, _ = read_split(repo, ref, "test", params["test_size"], params["seed"])
     net, _ = load_checkpoint(read_bytes(repo, ref, MODEL_PATH))  # notebook 04's loader
-    return evaluate(net, x_test, y_test)
+    return evaluate(net, commit_datasets(repo, ref, with_train=False)[1])
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 71 (id bc33ea4e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 72 (id bc33ea4e).
 @dataclass
 class Promotion:
     """A winner merged into ``main``: the merge commit and the tag pointing at it."""
@@ -440,7 +406,7 @@ class Promotion:
     tag: str
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 73 (id 92704caf).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 74 (id 92704caf).
 def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
             destination: str | None = None) -> Promotion:
     """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
@@ -477,7 +443,7 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 76 (id 22d200f8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 77 (id 22d200f8).
 def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
     """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage, alias ``champion``."""
     from mlflow.exceptions import MlflowException
@@ -498,7 +464,7 @@ def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REG
     return version
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 81 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 82 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -522,20 +488,19 @@ class Reproduction:
                 f"now (|diff| {self.differences['accuracy']:.2g} {sign} {self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 83 (id 8d4cb7e5).
-def reproduce(repo, commit_id: str, tolerance: float = 0.005) -> Reproduction:
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 84 (id 8d4cb7e5).
+def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings | None = None) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 
-    Training is seeded and single-threaded, so on the same machine and torch
+    Training is seeded, with one worker and one thread, so on the same machine and torch
     version the numbers match exactly; the tolerance (absolute accuracy)
     allows for other CPUs and BLAS builds.
     """
-    started = time.perf_counter()
+    started, settings = time.perf_counter(), settings or load_settings()
     params = read_json(repo, commit_id, PARAMS_PATH)
     recorded = read_json(repo, commit_id, METRICS_PATH)
-    x_train, y_train, _ = read_split(repo, commit_id, "train", params["train_size"], params["seed"])
-    x_test, y_test, _ = read_split(repo, commit_id, "test", params["test_size"], params["seed"])
-    net, losses = fit(params, x_train, y_train)
-    reproduced = {**evaluate(net, x_test, y_test), "train_loss": losses[-1]}
+    train, test = commit_datasets(repo, commit_id)
+    net, history = train_with_ray(params, train, None, settings, init_ray(settings)["CPU"])
+    reproduced = {**evaluate(net, test), "train_loss": history[-1]["train_loss"]}
     differences = {k: abs(reproduced[k] - recorded[k]) for k in reproduced}
     return Reproduction(commit_id, params, recorded, reproduced, tolerance, time.perf_counter() - started, differences)

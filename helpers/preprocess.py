@@ -153,8 +153,11 @@ class ObjectPreprocessor:
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 27 (id e393ed1f).
 def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: int = 2, threads: int = 16,
-                           skip_counter_name: str | None = None, log_dir: str | None = None):
-    """Lazily map a pointer dataset to image tensors with a pool of ``num_actors`` actors (notebooks 03-06)."""
+                           skip_counter_name: str | None = None, log_dir: str | None = None, num_cpus: float = 1.0):
+    """Lazily map a pointer dataset to image tensors with a pool of ``num_actors`` actors (notebooks 03-07).
+
+    Each actor reserves ``num_cpus`` (mostly it waits for the network: notebook 07 asks for half a CPU).
+    """
     check_count("batch_size", batch_size, 100_000)
     check_count("num_actors", num_actors, 1024)
     check_count("threads", threads, 256)
@@ -165,6 +168,7 @@ def preprocess_with_actors(ds, bucket: str, batch_size: int = 400, num_actors: i
             ObjectPreprocessor,
             batch_size=batch_size,
             concurrency=num_actors,  # the actor pool's size
+            num_cpus=num_cpus,
             fn_constructor_kwargs={"bucket": bucket, "threads": threads,
                                    "skip_counter_name": skip_counter_name, "log_dir": log_dir},
             max_restarts=0,
@@ -295,37 +299,48 @@ def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 57 (id 47f5ccdf).
-def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
-                  seed: int = 0, batch_size: int = 400):
-    """Pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04-06).
+def pointers_to_datasets(bucket: str, train: tuple[Sequence[str], Sequence[int]],
+                         test: tuple[Sequence[str], Sequence[int]], num_actors: int = 2, batch_size: int = 400):
+    """``(keys, labels)`` of both splits -> preprocessed, materialised Ray Datasets ``(train, test)``, rows in order.
 
-    The training pointers are shuffled (seeded) first. Both splits go through one actor
-    pipeline (one pool of actors to start, not two) with each row's number, and are cut
-    apart by it: Ray Data does not promise that blocks come out in the order they went in.
+    Both splits go through one actor pipeline (one pool of actors to start, not two) with each
+    row's number, and are cut apart by it: Ray Data does not promise that blocks come out in the
+    order they went in.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
     import ray.data
 
     check_count("num_actors", num_actors, 1024)
-    settings = settings or load_settings()
-    init_ray(settings)
-    x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
-                                                              get_client(settings))
-    x_train, y_train = shuffle_pointers(x_train, y_train, seed)
-    numbered = to_ray_dataset([*x_train, *x_test], [*y_train, *y_test], numbered=True)
+    numbered = to_ray_dataset([*train[0], *test[0]], [*train[1], *test[1]], numbered=True)
     both = preprocess_with_actors(numbered, bucket, batch_size=batch_size, num_actors=num_actors)
     # Back in row order in the driver: the rows fit (188 MB at full size), while Ray Data's sort,
     # a distributed shuffle, spent 15 s starting tasks and processes at smoke size on two cores.
     # from_blocks keeps the blocks as they are and needs no task to read their metadata.
     table = pa.concat_tables(both.iter_batches(batch_size=None, batch_format="pyarrow")).sort_by("row")
-    in_train = pc.less(table["row"], len(x_train))
+    in_train = pc.less(table["row"], len(train[0]))
     return tuple(ray.data.from_blocks([part.slice(i, batch_size) for i in range(0, max(part.num_rows, 1), batch_size)])
                  for part in (table.filter(in_train).drop_columns(["row"]),
                               table.filter(pc.invert(in_train)).drop_columns(["row"])))
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 59 (id dd871ece).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 59 (id 44cbc843).
+def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
+                  seed: int = 0, batch_size: int = 400):
+    """A bucket's pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04, 05, 07).
+
+    The training pointers are shuffled (seeded) first: listings come back sorted by label.
+    """
+    check_count("num_actors", num_actors, 1024)  # before Ray starts
+    settings = settings or load_settings()
+    init_ray(settings)
+    x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
+                                                              get_client(settings))
+    return pointers_to_datasets(bucket, shuffle_pointers(x_train, y_train, seed), (x_test, y_test),
+                                num_actors=num_actors, batch_size=batch_size)
+
+
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 61 (id dd871ece).
 def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:
     """All ``X`` and ``y`` of a (small, materialised) dataset as numpy arrays."""
     xs, ys = [], []

@@ -25,6 +25,7 @@ module: they talk to whatever ``LAKEFS_ENDPOINT`` names.
 from __future__ import annotations
 
 import base64
+import bisect
 import email.parser
 import hashlib
 import json
@@ -370,7 +371,7 @@ def paginate(items: list[Any], key: Callable[[Any], str], query: dict[str, str])
     """One page after ``after`` of at most ``amount`` items (the API's pagination)."""
     after = query.get("after", "")
     amount = min(int(query.get("amount") or 100), 1000)
-    rest = [item for item in items if key(item) > after] if after else items
+    rest = items[bisect.bisect_right([key(item) for item in items], after):] if after else items  # items are sorted
     page = rest[:amount]
     more = len(rest) > amount
     return page, models.Pagination(has_more=more, next_offset=key(page[-1]) if more else "",

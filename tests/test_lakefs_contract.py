@@ -139,14 +139,15 @@ def exercise(settings, source_bucket: str) -> None:
     first = exp.list_paths(repo, imported.commit_id, "train/")[0]
     repo.ref(imported.commit_id).object(first).stat()
     assert repo.ref(imported.commit_id).object(first).exists()
-    results = exp.run_experiments(repo, [{"optimizer": "sgd", "epochs": 1}], settings, parallel=False)
+    assert exp.commit_pointers(repo, imported.commit_id)[0] == source_bucket  # listed with physical addresses
+    results = exp.run_experiments(repo, [{"optimizer": "sgd", "epochs": 1}], settings)
     table = exp.compare_experiments(repo, [r.branch for r in results])
     exp.evaluate_commit(repo, table.commit_id[0])
     list(repo.ref(exp.INGEST_BRANCH).diff(repo.ref(results[0].branch)))
     promotion = exp.promote(repo, results[0].branch, table.commit_id[0])
     list(repo.ref(promotion.tag).log(max_amount=3))
     exp.reproduce(repo, results[0].commit_id, tolerance=1.0)
-    exp.run_experiments(repo, [{"optimizer": "sgd", "epochs": 1}], settings, parallel=False)  # replaces the branch
+    exp.run_experiments(repo, [{"optimizer": "sgd", "epochs": 1}], settings)  # replaces the branch
 
     scratch = repo.branch("scratch").create(imported.commit_id)
     scratch.object("a.txt").upload("a", mode="w", pre_sign=False)
