@@ -1,4 +1,4 @@
-"""Every notebook's parameters, declared here by type and range and checked in one call (notebooks 01-06).
+"""Every notebook's parameters, declared here by type and range and checked in one call (notebooks 01-07).
 
 Each notebook's first code cell after its ``parameters`` cell calls :func:`check_parameters`, so a bad
 value stops the notebook before any work, in one :class:`~helpers.config.ParameterError` that names the
@@ -99,6 +99,13 @@ def smoke_size(name: str, value: object) -> None:
     smoke_sizes(value)  # type: ignore[arg-type]
 
 
+def model_uri(name: str, value: object) -> None:
+    """"" (choose the model automatically) or an MLflow model URI such as ``models:/mnist-classifier@champion``."""
+    if not isinstance(value, str) or (value and ":/" not in value):
+        raise ParameterError(f"{name} must be \"\" (the champion, else notebook 04's latest model) or an MLflow "
+                             f"model URI such as 'models:/mnist-classifier@champion', not {value!r}.")
+
+
 def repository(name: str, value: object) -> None:
     """A lakeFS repository name."""
     from helpers.versioning import check_repository_name
@@ -133,6 +140,8 @@ PARAMETERS: dict[str, dict[str, Check]] = {
            "epochs": count(10_000), "seed": seed, "num_workers": count(1024, minimum=0), "experiment": text},
     "06": {**COMMON, "repo_name": repository, "optimizers": list_of(one_of("sgd", "adam"), '["sgd", "adam"]'),
            "epochs": list_of(count(10_000), "[1, 3]"), "tolerance": tolerance},
+    "07": {**COMMON, "model_uri": model_uri, "registered_model": text, "training_experiment": text,
+           "num_actors": count(1024), "batch_size": count(100_000), "use_gpu": flag, "experiment": text},
 }
 
 

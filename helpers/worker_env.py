@@ -37,6 +37,7 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
         "S3_ENDPOINT": settings.s3_url, **keys, "S3_SECURE": str(settings.s3_secure).lower(),
         "S3_REGION": settings.s3_region, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
         **bounded_requests(),  # a worker's MLflow calls give up in seconds when the server is gone
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # a model loaded in an actor: no bar in the notebook
     }
     return {k: v for k, v in values.items() if v}
 
@@ -48,7 +49,7 @@ LOCAL_RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENA
 
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
 WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
-                   "S3_REGION", "MLFLOW_TRACKING_URI")
+                   "S3_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
 
 
 def loopback_only() -> None:

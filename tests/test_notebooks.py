@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from conftest import lakefs_test_images
 from helpers import listing, runner
 
 pytestmark = pytest.mark.notebook
@@ -244,9 +245,7 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         assert version.version == str(facts["champion version"])
         assert version.tags["lakefs.commit"] == facts["merge commit"] and version.tags["lakefs.tag"] == "model-v1"
         champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
-        params = experiments.read_json(repo, facts["merge commit"], experiments.PARAMS_PATH)
-        x_test, y_test, _ = experiments.read_split(repo, facts["merge commit"], "test", params["test_size"],
-                                                   params["seed"])
+        x_test, y_test = lakefs_test_images(repo, facts["merge commit"])
         recomputed = float((champion.predict(x_test).argmax(axis=1) == y_test).mean())
         assert recomputed == committed and facts["champion accuracy"] == round(committed, 4)
         for commit_id in facts["experiment commits"].values():
@@ -258,6 +257,42 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
             assert metadata["mlflow_model_uri"].startswith("models:/")
     finally:
         repo.delete()
+
+
+def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket, tmp_path, settings, client):
+    """No model anywhere (a registry name and experiment nobody used): 07 trains one with 04 first, then predicts."""
+    import mlflow
+    import pyarrow.parquet as pq
+    from mlflow.tracking import MlflowClient
+
+    from helpers import storage, training
+
+    suffix = bucket[2:12]
+    facts = run("07", tmp_path, bucket=bucket, smoke_test_size=300, registered_model=f"t-none-{suffix}",
+                training_experiment=f"t-07-train-{suffix}", experiment=f"t-07-{suffix}")
+    assert facts["model source"].startswith("notebook 04's run")  # 04 ran first, headless
+    # the predictions are in the bucket under the run's prefix, and the MLflow run names that prefix
+    run_tags = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow run id"]).data.tags
+    assert run_tags["predictions"] == facts["predictions"] and run_tags["model_uri"] == facts["model"]
+    prefix = facts["predictions"].removeprefix(f"s3://{bucket}/")
+    files = [o.object_name for o in client.list_objects(bucket, prefix=prefix, recursive=True)
+             if not o.object_name.endswith("/")]  # pyarrow leaves a folder marker
+    assert files and all(name.endswith(".parquet") for name in files)
+    table = pq.read_table(facts["predictions"].removeprefix("s3://"), filesystem=storage.s3_filesystem(settings))
+    assert table.column_names == ["key", "label", "predicted", "confidence"] and table.num_rows == 50
+    parquet_accuracy = float((table["label"].to_numpy() == table["predicted"].to_numpy()).mean())
+    # the same model, recomputed here on the same test images without Ray
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    images, labels = load_test_images(bucket, 50)
+    import torch
+
+    with torch.no_grad():
+        predicted = mlflow.pytorch.load_model(facts["model"])(torch.as_tensor(images)).argmax(dim=1).numpy()
+    recomputed = training.accuracy(predicted, labels)
+    assert parquet_accuracy == recomputed and round(recomputed, 4) == facts["accuracy from the Parquet"]
+    assert facts["recorded accuracy"] == facts["accuracy from the Parquet"]  # what notebook 04 logged for it
+    assert sorted(table["key"].to_pylist()) == sorted(listing.get_train_test_data(bucket, 300, "manifest")[2])
+    assert facts["driver predictions equal"] is True and facts["wrong"] == round((1 - recomputed) * 50)
 
 
 def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bucket, tmp_path, monkeypatch):

@@ -62,6 +62,11 @@ TABLE: dict[str, dict[str, list[tuple[object, str]]]] = {
                       (3, "must be a non-empty list")],
            "tolerance": [(-0.1, "tolerance must be a number from 0"), (1, "tolerance must be a number from 0"),
                          ("0.01", "tolerance must be a number from 0")]},
+    "07": {"bucket": BUCKET, "smoke_test_size": SMOKE,
+           "model_uri": [("mnist-classifier", "model_uri must be"), (3, "model_uri must be")],
+           "registered_model": names("registered_model"), "training_experiment": names("training_experiment"),
+           "num_actors": counts("num_actors"), "batch_size": counts("batch_size"), "use_gpu": flags("use_gpu"),
+           "experiment": names("experiment")},
 }
 
 

@@ -1,0 +1,108 @@
+"""Generated from notebooks/07_batch_inference.ipynb by `python -m helpers.export`: edit the notebook.
+
+Lesson 07 · Batch inference with Ray Data. Above each definition, the cell that teaches it.
+"""
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from helpers.config import check_count, load_settings
+from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dataset
+from helpers.storage import get_client, read_object
+from helpers.worker_support import require_gpus
+
+PREDICTIONS_PREFIX = "predictions"  # predictions/<run name>/ in the data bucket
+
+
+# From notebooks/07_batch_inference.ipynb, cell 7 (id 31728b81).
+@dataclass
+class ModelChoice:
+    """The model a batch job uses: its MLflow URI, where it came from, and the test accuracy recorded for it."""
+
+    uri: str
+    source: str
+    recorded_accuracy: float | None = None
+
+
+# From notebooks/07_batch_inference.ipynb, cell 9 (id 19e4b353).
+def champion_model(mlflow_client, name: str) -> ModelChoice | None:
+    """Version ``@champion`` of registered model ``name`` (notebook 06), or None where there is none."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        version = mlflow_client.get_model_version_by_alias(name, "champion")
+    except MlflowException as err:
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+    recorded = mlflow_client.get_run(version.run_id).data.metrics.get("accuracy")
+    return ModelChoice(f"models:/{name}@champion", f"{name} version {version.version} (@champion, notebook 06)",
+                       recorded)
+
+
+# From notebooks/07_batch_inference.ipynb, cell 11 (id 0af01e5d).
+def latest_training_model(mlflow_client, experiment: str) -> ModelChoice | None:
+    """The model logged by the latest finished run of ``experiment`` (notebook 04), or None."""
+    found = mlflow_client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    for run in mlflow_client.search_runs([found.experiment_id], "attributes.status = 'FINISHED'",
+                                         order_by=["attributes.start_time DESC"], max_results=20):
+        models = mlflow_client.search_logged_models([found.experiment_id],
+                                                    filter_string=f"source_run_id = '{run.info.run_id}'")
+        if models:
+            return ModelChoice(f"models:/{models[0].model_id}", f"notebook 04's run {run.info.run_name}",
+                               run.data.metrics.get("test_accuracy"))
+    return None
+
+
+# From notebooks/07_batch_inference.ipynb, cell 14 (id aa20abf1).
+class Predictor:
+    """Holds the model in a Ray actor: preprocessed batches in, each image's prediction and its confidence out."""
+
+    def __init__(self, model_uri: str, use_gpu: bool = False) -> None:
+        import mlflow
+
+        mlflow.set_tracking_uri(load_settings().mlflow_tracking_uri)
+        self.device = torch.device("cuda" if use_gpu else "cpu")
+        self.net = mlflow.pytorch.load_model(model_uri).to(self.device)  # once per actor, not per batch
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``{"X", "y", "key"}`` -> ``{"key", "label", "predicted", "confidence"}``."""
+        with torch.no_grad():
+            probabilities = self.net(torch.as_tensor(batch["X"], device=self.device)).exp()
+        confidence, predicted = probabilities.max(dim=1)
+        return {"key": batch["key"], "label": batch["y"], "predicted": predicted.cpu().numpy(),
+                "confidence": confidence.cpu().numpy()}
+
+
+# From notebooks/07_batch_inference.ipynb, cell 16 (id 0e2c8ccf).
+def predict_pointers(keys, labels, bucket: str, model_uri: str, num_actors: int = 2, batch_size: int = 500,
+                     use_gpu: bool = False):
+    """A lazy Ray Dataset of predictions for the images behind ``keys``: fetched, decoded and predicted by actors."""
+    check_count("batch_size", batch_size, 100_000)
+    if use_gpu:
+        require_gpus(num_actors)  # without them Ray would wait for ever
+    batch_size = max(1, min(batch_size, -(-len(keys) // num_actors)))  # a batch for every actor, at least
+    pointers = to_ray_dataset(keys, labels).map(lambda row: {**row, "key": row["X"]})
+    images = preprocess_with_actors(pointers, bucket, batch_size=batch_size, num_actors=num_actors, num_cpus=0.25)
+    with warnings.catch_warnings():  # max_restarts is a plain remote argument here, which Ray warns about
+        warnings.filterwarnings("ignore", message="`ray_remote_args` is deprecated")
+        return images.map_batches(Predictor, fn_constructor_kwargs={"model_uri": model_uri, "use_gpu": use_gpu},
+                                  batch_size=batch_size, concurrency=num_actors, max_restarts=0,
+                                  num_cpus=0.25, num_gpus=1 if use_gpu else 0)
+
+
+# From notebooks/07_batch_inference.ipynb, cell 26 (id 224c2041).
+def predict_in_driver(keys, labels, bucket: str, net: nn.Module, threads: int = 16) -> dict[str, np.ndarray]:
+    """The same predictions without Ray: objects fetched by a thread pool, decoded and predicted in this process."""
+    client = get_client(load_settings(), max_connections=threads)
+    with ThreadPoolExecutor(threads) as pool:
+        bodies = list(pool.map(lambda key: read_object(client, bucket, key), keys))
+    with torch.no_grad():
+        predicted = net(torch.as_tensor(decode_images(bodies))).argmax(dim=1).numpy()
+    return {"key": np.asarray(keys), "label": np.asarray(labels), "predicted": predicted}
