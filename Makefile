@@ -63,6 +63,8 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_tune.py
 	$(PY) benchmarks/bench_tune.py --smoke-test-size 12000
 	$(PY) benchmarks/bench_smoke.py --lakefs-double
+	$(PY) benchmarks/bench_inference.py
+	$(PY) benchmarks/bench_full_size.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py

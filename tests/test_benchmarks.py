@@ -114,3 +114,40 @@ def test_the_actors_a_job_started_are_read_from_ray_s_actor_table(settings):
     (name, up), = started["up_after_seconds"].items()  # one class, named as Ray names it (qualified here)
     assert started["actors"] == 2 and name.endswith("Probe")
     assert 0 <= up < 60  # seconds after `since`: the table's milliseconds read right
+
+
+def test_notebook_06_s_benchmarks_start_the_lakefs_double_where_no_lakefs_answers_and_clean_up(settings,
+                                                                                               monkeypatch):
+    import dataclasses
+    import os
+    import socket
+
+    import common
+
+    from helpers import versioning
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setenv("LAKEFS_ENDPOINT", nobody)
+    silent = dataclasses.replace(settings, lakefs_endpoint=nobody)
+    with common.lakefs_or_double(silent) as lakefs:
+        assert "double" in lakefs and os.environ["LAKEFS_ENDPOINT"] != nobody
+        from helpers.config import load_settings
+
+        versioning.connect(load_settings(), timeout=3.0)  # the double answers where the notebook will look
+    assert os.environ["LAKEFS_ENDPOINT"] == nobody  # put back as it was
+
+
+def test_summary_facts_are_read_from_the_cell_tagged_summary(tmp_path):
+    import json
+
+    import common
+
+    cell = {"cell_type": "code", "metadata": {"tags": ["summary"]}, "source": [], "outputs": [
+        {"output_type": "display_data", "data": {"application/json": {"test accuracy": 0.97}}, "metadata": {}}]}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": [cell]}))
+    assert common.summary_facts(path) == {"test accuracy": 0.97}
+    path.write_text(json.dumps({"cells": []}))
+    assert common.summary_facts(path) == {}
