@@ -20,7 +20,7 @@ from helpers.notebook import progress_bar
 from helpers.storage import (check_bucket_name, ensure_bucket, get_client, image_keys, object_store_errors,
                              smoke_sizes)
 from helpers.upload_support import (append_object_id, check_one_format, damaged_keys, finish_append,
-                                    raise_interrupted, start_or_resume_append)
+                                    manifest_objects, raise_interrupted, start_or_resume_append)
 
 
 # From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
@@ -170,11 +170,12 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
     check_count("max_workers", max_workers, 256)
     client = client or get_client(max_connections=max_workers)
     ensure_bucket(client, bucket)  # also the connection and credentials check
-    append_round = None
+    append_round, new_round = None, False
     if append:  # a new round, or the one an interrupted call left unfinished
-        append_round, smoke_test_size, image_format = start_or_resume_append(
+        append_round, smoke_test_size, image_format, new_round = start_or_resume_append(
             client, bucket, smoke_test_size, image_format)
-    existing = existing_objects(client, bucket)
+    # A new round's keys are all new: the manifest says in one GET what else is there (a listing grows with it)
+    existing = (new_round and manifest_objects(client, bucket)) or existing_objects(client, bucket)
     check_one_format(bucket, existing, image_format)
     plan = plan_keys(smoke_test_size, image_format, append_round)
     damaged = damaged_keys(existing, plan, functools.partial(image_bytes, image_format=image_format))

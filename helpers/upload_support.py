@@ -55,11 +55,15 @@ def _read_marker(client: Minio, bucket: str) -> dict | None:
 
 
 def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
-                           image_format: str) -> tuple[str, int, str]:
-    """Begin a new append round, or pick up the one an interrupted call left behind: its id, size and format."""
+                           image_format: str) -> tuple[str, int, str, bool]:
+    """Begin a new append round, or pick up the one an interrupted call left behind.
+
+    Returns the round's id, size and format, and whether it is new (nothing of it can be in the bucket yet).
+    """
     with object_store_errors(client, bucket):
         marker = _read_marker(client, bucket)
-        if marker is not None:
+        new = marker is None
+        if not new:
             print(f"Resuming the unfinished append round {marker['round'][:8]} "
                   f"(smoke_test_size={marker['smoke_test_size']}, {marker['image_format']}).")
         else:
@@ -68,7 +72,24 @@ def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
             body = json.dumps(marker).encode()
             client.put_object(bucket, APPEND_MARKER_KEY, io.BytesIO(body), len(body),
                               content_type="application/json")
-    return marker["round"], marker["smoke_test_size"], marker["image_format"]
+    return marker["round"], marker["smoke_test_size"], marker["image_format"], new
+
+
+def manifest_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
+    """The image keys the bucket's manifest names (one GET), without size or ETag; {} where none is readable.
+
+    What a new append round needs to know of the bucket: its keys are new, so nothing of it can be
+    damaged or present; the others only go into the new manifest and the one-format check. Every
+    upload that finished wrote the manifest, so it names them in one request, where a listing of the
+    whole bucket grows with every round (10 s at 210,000 objects, a seventh of a round's upload).
+    """
+    from helpers.listing import list_objects_from_manifest
+
+    try:
+        keys = list_objects_from_manifest(bucket, client)
+    except StorageError:  # none yet, or damaged: the caller lists the bucket instead
+        return {}
+    return {key: (-1, "") for key in keys}
 
 
 def finish_append(client: Minio, bucket: str) -> None:

@@ -74,6 +74,21 @@ def test_append_grows_the_data_set_and_resumes_an_interrupted_round(client, uplo
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 315
 
 
+def test_a_new_append_round_reads_the_manifest_instead_of_listing_the_bucket(client, uploaded):
+    bucket, _ = uploaded
+    outside = "train/3/zz-put-by-hand.png"  # an image no upload wrote: only a listing sees it
+    body = storage.read_object(client, bucket, "train/5/00000.png")
+    client.put_object(bucket, outside, io.BytesIO(body), len(body))
+    upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
+    manifest = listing.list_objects_from_manifest(bucket, client=client)
+    assert len(manifest) == 280 and outside not in manifest  # one GET of the manifest, no listing
+    client.remove_object(bucket, upload.MANIFEST_KEY)  # no manifest: the round lists the bucket instead
+    upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
+    manifest = listing.list_objects_from_manifest(bucket, client=client)
+    assert len(manifest) == 421 and outside in manifest
+    assert len(listing.get_train_test_data(bucket, 0, "manifest", client)[0]) == 3 * 120 + 1
+
+
 def test_three_listings_agree_and_split_correctly(client, uploaded):
     bucket, _ = uploaded
     results = {}
