@@ -65,6 +65,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_smoke.py --lakefs-double
 	$(PY) benchmarks/bench_inference.py
 	$(PY) benchmarks/bench_full_size.py
+	$(PY) benchmarks/bench_scale.py --cleanup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py

@@ -151,3 +151,25 @@ def test_summary_facts_are_read_from_the_cell_tagged_summary(tmp_path):
     assert common.summary_facts(path) == {"test accuracy": 0.97}
     path.write_text(json.dumps({"cells": []}))
     assert common.summary_facts(path) == {}
+
+
+def test_the_scale_benchmark_reports_cost_per_object_and_memory_against_the_pointers():
+    import bench_scale
+
+    def size(rounds, seconds_per_object):
+        n = rounds * bench_scale.ROUND
+        t = seconds_per_object * n
+        return {"objects": n, "train_images": n * 6 // 7, "test_images": n // 7, "epoch_samples": n * 6 // 7,
+                "upload_round_seconds": [t / rounds], "list_recursive_s": t, "list_manifest_s": t / 100,
+                "actors_s": t, "packing_s": t, "parquet_read_s": t, "epoch_streamed_s": t, "epoch_cached_s": t,
+                "inference_s": t,
+                **{f"rss_{m}": {"peak_rss_bytes": 100 * 2**20 + n * 200, "pointer_object_bytes": n * 100,
+                                "pointer_text_bytes": n * 40} for m in ("recursive", "manifest")}}
+
+    rows = [size(1, 1e-4), size(2, 1e-4), size(4, 1.5e-4)]  # per object: flat, then 1.5x
+    growth = {r["step"]: r for r in bench_scale.growth(rows)}
+    assert growth["list, recursive"]["largest / smallest"] == 1.5 and not growth["list, recursive"]["linear enough"]
+    assert growth["list, recursive"]["s per 100k at 70k"] == 10.0
+    assert growth["upload"]["largest / smallest"] == 1.5
+    memory = bench_scale.memory(rows)["manifest"]
+    assert memory["growth_over_pointer_objects"] == 2.0  # 200 bytes of RSS per pointer of 100
