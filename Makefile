@@ -63,6 +63,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_tune.py
 	$(PY) benchmarks/bench_tune.py --smoke-test-size 12000
 	$(PY) benchmarks/bench_smoke.py --lakefs-double
+	$(PY) benchmarks/bench_smoke.py --lakefs-double --ray lab --label "make lab's Ray"
 	$(PY) benchmarks/bench_inference.py
 	$(PY) benchmarks/bench_full_size.py
 	$(PY) benchmarks/bench_scale.py --cleanup

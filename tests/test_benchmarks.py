@@ -153,6 +153,20 @@ def test_summary_facts_are_read_from_the_cell_tagged_summary(tmp_path):
     assert common.summary_facts(path) == {}
 
 
+def test_each_ray_notebook_is_judged_against_its_own_floor():
+    def row(number, seconds, **parts):
+        return {"notebook": number, "status": ["ok"], "seconds": seconds, "breakdown_seconds": parts}
+
+    summary = [row("02", 2.0, **{"kernel start + imports": 1.0}),  # no Ray: no floor
+               row("03", 20.0, **{"kernel start + imports": 3.0, "ray start": 2.0}),
+               row("04", 33.0, **{"kernel start + imports": 1.0, "ray start": 0.0})]
+    floors = bench_smoke.floors(summary, empty_fit_seconds=10.0)
+    assert set(floors) == {"03", "04"}
+    assert floors["03"]["floor"] == 5.0 and floors["03"]["multiple"] == 4.0 and floors["03"]["met"]
+    assert floors["04"]["floor"] == 11.0 and floors["04"]["multiple"] == 3.0 and floors["04"]["met"]
+    assert not bench_smoke.floors([row("04", 33.1, **{"ray start": 1.0})], 10.0)["04"]["met"]
+
+
 def test_the_scale_benchmark_reports_cost_per_object_and_memory_against_the_pointers():
     import bench_scale
 
@@ -173,3 +187,38 @@ def test_the_scale_benchmark_reports_cost_per_object_and_memory_against_the_poin
     assert growth["upload"]["largest / smallest"] == 1.5
     memory = bench_scale.memory(rows)["manifest"]
     assert memory["growth_over_pointer_objects"] == 2.0  # 200 bytes of RSS per pointer of 100
+
+
+def test_the_floor_counting_each_start_adds_every_fit_and_every_timed_pipeline():
+    summary = [{"notebook": "03", "status": ["ok"], "seconds": 24.0, "fits": 0,
+                "breakdown_seconds": {"kernel start + imports": 2.5, "ray start": 0.5, "tasks": 2.0, "actors": 4.0},
+                "breakdown_counts": {"kernel start + imports": 1, "ray start": 1, "tasks": 1, "actors": 2}},
+               {"notebook": "04", "status": ["ok"], "seconds": 42.0, "fits": 2,
+                "breakdown_seconds": {"kernel start + imports": 1.0, "ray start": 1.0, "training": 18.0},
+                "breakdown_counts": {"kernel start + imports": 1, "ray start": 1, "training": 1}}]
+    floors = bench_smoke.floors(summary, empty_fit_seconds=10.0, empty_pipeline_seconds=2.0)
+    assert floors["03"]["pipelines"] == 3 and floors["03"]["floor_each_start"] == 9.0  # 3 + 3 x 2
+    assert floors["03"]["floor"] == 3.0 and floors["03"]["multiple"] == 8.0 and not floors["03"]["met"]
+    assert floors["04"]["fits"] == 2 and floors["04"]["floor_each_start"] == 22.0  # 2 + 2 x 10, not 2 + 10
+    assert floors["04"]["floor"] == 12.0 and floors["04"]["multiple_each_start"] == round(42 / 22, 2)
+
+
+def test_fits_are_counted_from_the_train_controllers_that_started_in_the_window():
+    actors = [{"ActorClassName": "TrainController", "StartTime": 10_500},
+              {"ActorClassName": "RayTrainWorker", "StartTime": 11_000},
+              {"ActorClassName": "TrainController", "StartTime": 30_000},
+              {"ActorClassName": "TrainController", "StartTime": 9_000}]  # before the notebook began
+    assert bench_smoke.fits_started(actors, began=10.0, ended=40.0) == 2
+
+
+def test_the_ray_init_cell_stands_for_ray_s_start_where_the_notebook_shows_the_call(tmp_path):
+    import json
+
+    def cell(source, seconds):
+        return {"cell_type": "code", "source": [source], "metadata": {"papermill": {"duration": seconds}}}
+
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": [cell("import ray", 1.0), cell("ray.init(address=where.address)", 0.4)]}))
+    assert bench_smoke.ray_init_seconds(path) == 0.4
+    path.write_text(json.dumps({"cells": [cell("cluster.init_ray()", 0.4)]}))
+    assert bench_smoke.ray_init_seconds(path) is None
