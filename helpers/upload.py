@@ -175,7 +175,7 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
         append_round, smoke_test_size, image_format, new_round = start_or_resume_append(
             client, bucket, smoke_test_size, image_format)
     # A new round's keys are all new: the manifest says in one GET what else is there (a listing grows with it)
-    existing = (new_round and manifest_objects(client, bucket)) or existing_objects(client, bucket)
+    existing = (new_round and manifest_objects(client, bucket, MANIFEST_KEY)) or existing_objects(client, bucket)
     check_one_format(bucket, existing, image_format)
     plan = plan_keys(smoke_test_size, image_format, append_round)
     damaged = damaged_keys(existing, plan, functools.partial(image_bytes, image_format=image_format))

@@ -13,6 +13,7 @@ skipping what exists. Around it:
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -75,7 +76,7 @@ def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
     return marker["round"], marker["smoke_test_size"], marker["image_format"], new
 
 
-def manifest_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
+def manifest_objects(client: Minio, bucket: str, manifest_key: str) -> dict[str, tuple[int, str]]:
     """The image keys the bucket's manifest names (one GET), without size or ETag; {} where none is readable.
 
     What a new append round needs to know of the bucket: its keys are new, so nothing of it can be
@@ -83,13 +84,19 @@ def manifest_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     upload that finished wrote the manifest, so it names them in one request, where a listing of the
     whole bucket grows with every round (10 s at 210,000 objects, a seventh of a round's upload).
     """
-    from helpers.listing import list_objects_from_manifest
-
     try:
-        keys = list_objects_from_manifest(bucket, client)
-    except StorageError:  # none yet, or damaged: the caller lists the bucket instead
+        with object_store_errors(client, bucket):
+            response = client.get_object(bucket, manifest_key)
+    except (S3Error, StorageError):  # none yet, or not reachable: the caller lists the bucket (and says why)
         return {}
-    return {key: (-1, "") for key in keys}
+    try:
+        text = gzip.decompress(response.read()).decode()
+    except (OSError, EOFError, UnicodeDecodeError):  # damaged: the listing finds what is there
+        return {}
+    finally:
+        response.close()
+        response.release_conn()
+    return {key: (-1, "") for key in text.split("\n") if key}
 
 
 def finish_append(client: Minio, bucket: str) -> None:

@@ -87,6 +87,10 @@ def test_a_new_append_round_reads_the_manifest_instead_of_listing_the_bucket(cli
     manifest = listing.list_objects_from_manifest(bucket, client=client)
     assert len(manifest) == 421 and outside in manifest
     assert len(listing.get_train_test_data(bucket, 0, "manifest", client)[0]) == 3 * 120 + 1
+    client.put_object(bucket, upload.MANIFEST_KEY, io.BytesIO(b"not gzip"), 8)  # damaged: listed instead, no error
+    assert upload_support.manifest_objects(client, bucket, upload.MANIFEST_KEY) == {}
+    upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 561
 
 
 def test_three_listings_agree_and_split_correctly(client, uploaded):
