@@ -416,10 +416,26 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
     return proc
 
 
+def _saved_ports(state: Path) -> dict[str, int]:
+    ports_file = _paths(state)["ports"]
+    return {**DEFAULT_PORTS, **(_read_state_json(ports_file) if ports_file.is_file() else {})}
+
+
+def _volume_server_registered(master_port: int) -> bool:
+    """Whether SeaweedFS's master knows a volume server; until it does, every read of an object is a 500."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{master_port}/dir/status", timeout=2.0) as response:
+            centres = (json.load(response).get("Topology") or {}).get("DataCenters") or []
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+    return any(rack.get("DataNodes") for centre in centres for rack in centre.get("Racks") or [])
+
+
 def _healthy(service: str, state: Path, url: str) -> bool:
     if service == "ray":
         return ray_service.read_service(state) is not None
-    return _http_ok(url + HEALTH_PATHS[service])
+    return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
+        service != "seaweedfs" or _volume_server_registered(_saved_ports(state)["master"]))
 
 
 def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Process, state: Path,
@@ -570,17 +586,14 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
 def status(state: Path | None = None) -> list[ServiceStatus]:
     """Health of each service: running under our pid, and answering its health URL."""
     state = (state or state_dir()).resolve()
-    ports_file = _paths(state)["ports"]
-    ports = {**DEFAULT_PORTS, **(_read_state_json(ports_file) if ports_file.is_file() else {})}
+    ports = _saved_ports(state)
     out = []
     for service in SERVICES:
         proc = _running(state, service)
         running = proc is not None
         url = _service_url(service, ports)
         healthy = running and _healthy(service, state, url)
-        detail = ""
-        if service == "lakefs" and not running and lakefs_binary.find() is None:
-            detail = NO_LAKEFS_BINARY
+        detail = NO_LAKEFS_BINARY if service == "lakefs" and not running and lakefs_binary.find() is None else ""
         out.append(ServiceStatus(service, proc.pid if proc else None, running, healthy, url, detail))
     return out
 

@@ -288,6 +288,54 @@ def test_interrupted_upload_resumes_without_duplicates(state):
     assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
 
 
+@pytest.mark.slow
+def test_up_after_a_kill_returns_once_stored_objects_can_be_read(state):
+    """``up`` waits for the volume server, not only the S3 port: reads at once after it are never a 500."""
+    stack.up(state, ports=private_ports(), with_mlflow=False, with_ray=False)
+    client = storage.get_client(load_settings(environ={}, stack_state=state), retries=0)
+    storage.ensure_bucket(client, "kept")
+    for i in range(10):
+        client.put_object("kept", f"object-{i}", io.BytesIO(b"x" * (100 + i)), 100 + i)
+    for _ in range(3):  # the window after a restart is seconds long on a busy machine, absent on an idle one
+        stack.kill_service("seaweedfs", state)
+        stack.up(state, with_mlflow=False, with_ray=False)
+        for i in range(10):
+            response = client.get_object("kept", f"object-{i}")
+            try:
+                assert response.read() == b"x" * (100 + i)
+            finally:
+                response.close()
+                response.release_conn()
+
+
+@pytest.mark.parametrize("topology, ready", [
+    ({"Max": 0, "Free": 0, "DataCenters": None}, False),  # what the master answers before the first heartbeat
+    ({"Max": 55, "DataCenters": [{"Id": "dc", "Racks": [{"Id": "r", "DataNodes": []}]}]}, False),
+    ({"Max": 55, "DataCenters": [{"Id": "dc", "Racks": [{"Id": "r", "DataNodes": [{"Url": "127.0.0.1:1"}]}]}]}, True),
+])
+def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(tmp_path, topology, ready):
+    """Health needs both the S3 port's ``/healthz`` and a volume server in the master's topology."""
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"OK" if self.path == "/healthz" else json.dumps({"Topology": topology}).encode()
+            self.send_response(200 if self.path in ("/healthz", "/dir/status") else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        (tmp_path / "ports.json").write_text(json.dumps({"s3": port, "master": port}))
+        assert stack._healthy("seaweedfs", tmp_path, f"http://127.0.0.1:{port}") is ready
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # A stand-in for the lakeFS binary: it reads the config file the stack wrote, checks what the stack promises
 # (loopback only, local KV under the state folder, S3 blockstore on the embedded store, no calls home) and
 # serves the lakeFS API test double with the installation keys and blockstore credentials from that file.
