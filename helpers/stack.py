@@ -209,8 +209,48 @@ def _running(state: Path, service: str) -> psutil.Process | None:
 
 
 def remember_process(state: Path, name: str, pid: int) -> None:
-    """Record process ``pid`` under ``name`` in the state folder, where a later run finds it (``make lab``)."""
-    write_private(state / f"{name}.pid", json.dumps(_identity(psutil.Process(pid))))
+    """Record process ``pid`` under ``name`` in the state folder, where a later run finds it (``make lab``).
+
+    With it goes its session: ``up`` starts each service as the leader of a session of its own, so every
+    process the service starts belongs to it, also after the service itself died (:func:`orphans`).
+    """
+    record = {**_identity(psutil.Process(pid)), "uid": os.getuid()}
+    with contextlib.suppress(OSError):
+        record["session"] = os.getsid(pid)
+    write_private(state / f"{name}.pid", json.dumps(record))
+
+
+def orphans(state: Path, service: str) -> list[psutil.Process]:
+    """What is left of ``service``'s session when its main process is gone: workers whose parent died.
+
+    MLflow's server forks uvicorn workers, lakeFS and Ray start helpers: killed on its own, the main
+    process leaves them running, holding its port. A process counts only if it is in the recorded session
+    (which only the service's own processes join), is this user's, and started after the service did, so a
+    later program that happens to reuse the session's number is never touched.
+    """
+    record = _read_pid_record(state, service)
+    if not record or "session" not in record or _our_process(record) is not None:
+        return []
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(proc.pid) == record["session"] and proc.uids().real == record.get("uid", os.getuid()) \
+                    and proc.create_time() >= record["create_time"] - 0.5 and not _is_zombie(proc):
+                found.append(proc)
+    return found
+
+
+def stop_orphans(state: Path, service: str, timeout: float = 10.0) -> int:
+    """Stop what :func:`orphans` finds of ``service`` (SIGTERM, then SIGKILL); how many processes there were."""
+    found = left = orphans(state, service)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for proc in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(sig)
+        left = _wait_stopped(left, timeout)
+        if not left:
+            break
+    return len(found)
 
 
 def remembered_process(state: Path, name: str) -> psutil.Process | None:
@@ -541,12 +581,15 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     _write_env_file(state, ports, access, secret, lakefs_keys)
     settings = load_settings(environ={}, stack_state=state)
     started: list[str] = []
+    orphaned: list[str] = []  # services whose main process had died, their leftovers stopped
     starting: dict[str, subprocess.Popen | psutil.Process] = {}
 
     def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
         """Start service ``name`` unless it runs already (``command()`` builds its command line)."""
         starting[name] = _running(state, name)
         if starting[name] is None:
+            if stop_orphans(state, name):  # what a killed service left behind holds its ports
+                orphaned.append(name)
             _check_ports_free(name, ports, port_names)
             if prepare is not None:
                 prepare()
@@ -577,10 +620,12 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
                {ray_service.PORT_ENV: str(ports["ray"]), "PYTHONPATH": pythonpath})
     for name, proc in starting.items():
         _wait_healthy(name, _service_url(name, ports), proc, state, timeout)
-    return [
-        replace(row, detail="started" if row.name in started else "already running") if row.running else row
-        for row in status(state)
-    ]
+    def said(name: str) -> str:
+        if name not in started:
+            return "already running"
+        return "started again (its earlier processes, left behind, stopped)" if name in orphaned else "started"
+
+    return [replace(row, detail=said(row.name)) if row.running else row for row in status(state)]
 
 
 def status(state: Path | None = None) -> list[ServiceStatus]:
@@ -613,10 +658,13 @@ def down(state: Path | None = None, timeout: float = 20.0, only: tuple[str, ...]
     with state_lock(state):
         running = {service: _running(state, service) for service in reversed(SERVICES) if service in only}
         stopping = {service: proc for service, proc in running.items() if proc is not None}
+        for service in running:  # a service whose main process died: what it left running
+            if running[service] is None and stop_orphans(state, service):
+                stopping.setdefault(service, None)
         # Side by side: each takes a second or two to shut down, and none needs another to stop first.
         with ThreadPoolExecutor(max_workers=max(len(stopping), 1)) as pool:
             for done in [pool.submit(stop_group, proc, timeout, leader_first=service == "ray")
-                         for service, proc in stopping.items()]:
+                         for service, proc in stopping.items() if proc is not None]:
                 done.result()
         for service in running:
             (state / f"{service}.pid").unlink(missing_ok=True)

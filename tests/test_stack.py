@@ -169,6 +169,76 @@ def test_down_stops_the_service_s_whole_process_group_orphans_included(state):
     proc.wait(timeout=10)
 
 
+def _listening_pids(ports: list[int]) -> dict[int, int]:
+    """Which process listens on each of ``ports`` on 127.0.0.1 (those nothing listens on are left out)."""
+    found = {}
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in ports and conn.pid:
+            found[conn.laddr.port] = conn.pid
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_service_whose_main_process_was_killed_comes_back_with_the_next_up(state):
+    """SIGKILL to each service's main process alone, as a crash does: its children (MLflow's uvicorn worker, Ray's
+    processes) live on and hold its ports. The next ``up`` recognises them as the stack's own, stops them, and
+    brings everything back within seconds; ``down`` afterwards leaves no process and no port."""
+    ports = private_ports()
+    rows = {r.name: r for r in stack.up(state, ports=ports)}
+    services = [name for name in ("seaweedfs", "mlflow", "lakefs", "ray") if rows[name].running]
+    assert {"seaweedfs", "mlflow", "ray"} <= set(services)
+    service_port = {"seaweedfs": ports["s3"], "mlflow": ports["mlflow"], "lakefs": ports["lakefs"],
+                    "ray": ports["ray"]}
+    for name in services:
+        main = psutil.Process(stack.status(state)[stack.SERVICES.index(name)].pid)
+        left = [p for p in stack._process_group(main) if p.pid != main.pid]
+        main.kill()
+        main.wait(10)
+        if name == "mlflow":
+            assert left and stack.orphans(state, "mlflow"), "MLflow's worker outlives its server"
+            assert ports["mlflow"] in _listening_pids([ports["mlflow"]]), "and holds the port"
+        started = time.monotonic()
+        again = {r.name: r for r in stack.up(state)}
+        took = time.monotonic() - started
+        assert all(again[other].healthy for other in services), (name, again)
+        assert again[name].detail.startswith("started") and again[name].pid != main.pid
+        assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], name
+        assert took < 60, f"{name}: up took {took:.0f} s"
+        listener = _listening_pids([service_port[name]]).get(service_port[name])
+        assert listener is not None and listener in {again[name].pid} | {
+            p.pid for p in psutil.Process(again[name].pid).children(recursive=True)}, name
+    everything = [p for name in services
+                  for p in stack._process_group(psutil.Process(stack.status(state)[stack.SERVICES.index(name)].pid))]
+    assert sorted(stack.down(state)) == sorted(services)
+    assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not _listening_pids(list(ports.values()))
+
+
+def test_orphans_are_only_the_service_s_own_session(state):
+    """A process of another session, or one started before the service (a reused number), is never an orphan."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        stack.remember_process(state, "mlflow", sleeper.pid)
+        record = json.loads((state / "mlflow.pid").read_text())
+        assert record["session"] == sleeper.pid
+        assert stack.orphans(state, "mlflow") == [], "the main process runs: nothing is orphaned"
+        sleeper.kill()
+        sleeper.wait()
+        assert stack.orphans(state, "mlflow") == [] and stranger.poll() is None
+        (state / "mlflow.pid").write_text(json.dumps({**record, "session": stranger.pid,
+                                                      "create_time": record["create_time"] + 3600}))
+        assert stack.orphans(state, "mlflow") == [], "it started before the service: not the service's"
+        (state / "mlflow.pid").write_text(json.dumps({**record, "session": stranger.pid, "create_time": 1.0}))
+        assert [p.pid for p in stack.orphans(state, "mlflow")] == [stranger.pid]
+        assert stack.stop_orphans(state, "mlflow") == 1 and stranger.wait(10) is not None
+    finally:
+        for proc in (sleeper, stranger):
+            if proc.poll() is None:
+                proc.kill()
+
+
 def _pgid(p: psutil.Process) -> int | None:
     try:
         return os.getpgid(p.pid)
