@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lab reset catch-up stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
+.PHONY: install run test lab reset catch-up solutions stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,9 @@ run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing 
 	$(PY) -m helpers.runner
 
 TEST_PROCESSES ?= 2
-test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack)
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
+test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack), and nbval over the committed notebooks
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(NBVAL) tests notebooks
 
 LAB_ARGS ?=
 lab: $(STAMP)  ## JupyterLab on the notebooks, the stack, its Ray with the dashboard; prints every URL (LAB_ARGS="--jupyter-port 8890")
@@ -50,8 +51,12 @@ stack-down: $(STAMP)
 stack-status: $(STAMP)
 	$(PY) -m helpers.stack status
 
-notebooks: $(STAMP)  ## refresh the committed notebooks' outputs (smoke size)
-	$(PY) -m helpers.runner --in-place
+notebooks: $(STAMP)  ## refresh the committed notebooks' outputs: one run of all, from a clean tree, on a fresh private stack
+	$(PY) benchmarks/refresh_notebooks.py
+
+solutions: $(STAMP)  ## for an instructor: every notebook with every exercise's solution run, into runs/solutions-<time>/
+	$(PY) -m helpers.stack up --download-lakefs
+	$(PY) -m helpers.runner --solutions
 
 export: $(STAMP)  ## regenerate helpers' lesson modules from the notebooks' #@save cells
 	$(PY) -m helpers.export

@@ -1,10 +1,17 @@
-"""Test session set-up: one real object store + MLflow for the whole run.
+"""Test session set-up: one real object store + MLflow for the whole run, and nbval over the notebooks.
 
 Where ``S3_ENDPOINT`` is set, the tests use the services it points at.
 Otherwise a private embedded stack is started on free ports in a temporary
-folder (never the developer's ``.stack``) and its endpoints are exported,
-so notebooks executed by papermill see them too. It is started on first
-need, by a test fixture.
+folder (never the developer's ``.stack``) and ``STACK_STATE_DIR`` names it,
+so notebooks executed by papermill or nbval find it as a learner's notebook
+finds ``.stack``. It is started on first need, by a test fixture or by the
+first notebook nbval runs.
+
+nbval (``--nbval-lax``, in ``make test``) runs every notebook top to bottom at
+its defaults and compares the cells tagged ``nbval-check-output`` with their
+committed outputs (``tests/nbval_sanitize.cfg`` says what may differ). The
+notebooks run in one test process, first, in order 01-07, on that process's
+fresh stack: the run ``make notebooks`` made the committed outputs from.
 
 lakeFS: where ``LAKEFS_ENDPOINT`` is set, the lakeFS tests run against that
 server. Otherwise the lakeFS API test double (``tests/lakefs_double.py``)
@@ -24,35 +31,26 @@ import pytest
 
 _SESSION: dict[str, object] = {}
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
+# The same floating-point results on any x86 machine with AVX2, for the seeded accuracies nbval compares; set
+# before the stack's Ray starts, whose workers inherit them.
+os.environ.update({"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})  # = helpers.worker_env.REPRODUCIBLE_NUMERICS
 
 
 def session_stack() -> Path | None:
-    """Start (once) the private test stack, export its endpoints; None when endpoints are configured."""
+    """Start (once) the private test stack and name it in ``STACK_STATE_DIR``; None when endpoints are configured."""
     if "state" in _SESSION:
         return _SESSION["state"]  # type: ignore[return-value]
     if os.environ.get("S3_ENDPOINT"):
         _SESSION["state"] = None
         return None
     from helpers import stack
-    from helpers.config import load_settings
 
     state = Path(tempfile.mkdtemp(prefix="stack-test-"))
     _SESSION["state"] = state
     stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)))
-    settings = load_settings(environ={}, stack_state=state)
-    os.environ.update({
-        "STACK_STATE_DIR": str(state),
-        "S3_ENDPOINT": settings.s3_url,
-        "S3_ACCESS_KEY": settings.s3_access_key,
-        "S3_SECRET_KEY": settings.s3_secret_key,
-        "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
-    })
-    if settings.lakefs_endpoint:  # the stack found a lakefs binary and started a real lakeFS
-        os.environ.update({
-            "LAKEFS_ENDPOINT": settings.lakefs_endpoint,
-            "LAKEFS_ACCESS_KEY_ID": settings.lakefs_access_key,
-            "LAKEFS_SECRET_ACCESS_KEY": settings.lakefs_secret_key,
-        })
+    # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
+    # as a learner's notebook finds .stack: the notebooks say "embedded stack", as in their committed outputs.
+    os.environ["STACK_STATE_DIR"] = str(state)
     return state
 
 
@@ -61,11 +59,12 @@ def session_lakefs() -> str:
     if "lakefs" in _SESSION:
         return _SESSION["lakefs"]  # type: ignore[return-value]
     session_stack()
-    if os.environ.get("LAKEFS_ENDPOINT"):
-        _SESSION["lakefs"] = "real"
-        return "real"
     from helpers.config import load_settings
     from tests.lakefs_double import LakeFSServer
+
+    if load_settings().lakefs_endpoint:  # LAKEFS_ENDPOINT, or a lakefs binary the stack found and started
+        _SESSION["lakefs"] = "real"
+        return "real"
 
     server = LakeFSServer(load_settings(), import_step_delay=0.05).__enter__()
     os.environ.update(server.env())
@@ -82,14 +81,44 @@ LONGEST_MODULES = ("test_browser", "test_notebooks", "test_train", "test_data", 
                    "test_versioning", "test_lab")
 
 
-def _module_rank(item: pytest.Item) -> int:
+def _is_notebook(item: pytest.Item) -> bool:
+    return item.path.suffix == ".ipynb"
+
+
+def _module_rank(item: pytest.Item) -> tuple[int, str]:
+    if _is_notebook(item):  # nbval's cells: first, on a fresh stack, notebook after notebook
+        return -1, item.path.name
     name = item.path.stem
-    return LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)
+    return (LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)), ""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest test modules first (a stable sort: the tests of a module keep their order)."""
+    """Nbval's notebooks first, in order, then the longest test modules (a stable sort: a module keeps its order)."""
     items.sort(key=_module_rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile``, except that the notebooks nbval runs are one unit of work.
+
+    One process runs them all, in order, as ``make notebooks`` did: a notebook can depend on the models the
+    ones before it made.
+    """
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class NotebooksTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "notebooks" if nodeid.startswith("notebooks/") else super()._split_scope(nodeid)
+
+    return NotebooksTogether(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before nbval starts a notebook's kernel (which copies this process's environment): the stack, and lakeFS."""
+    if _is_notebook(item):
+        session_lakefs()  # and the stack
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

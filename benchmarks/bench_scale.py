@@ -121,13 +121,13 @@ def ray_data_steps(settings, bucket: str, x_train, y_train) -> dict:
 
 def training_epochs(settings, bucket: str, cluster_cpus: float) -> dict:
     """Two epochs of notebook 04's trainer (2 workers) on the packed shards: streamed, then from the cache."""
-    from helpers import preprocess, training
+    from helpers import interrupts, preprocess, training
 
     params = {**training.DEFAULT_PARAMS, "epochs": 2, "cache_shard": True, "checkpoint_every": 2}
     trainer = training.make_trainer(params, {"train": preprocess.read_parquet_dataset(bucket, settings=settings)},
                                     2, training.unique_run_name("scale"), f"{bucket}/ray-results",
                                     cluster_cpus=cluster_cpus, settings=settings)
-    with training.interrupt_handler_restored():
+    with interrupts.stop_cleanly("Training", trainer=trainer):
         result = trainer.fit()
     history = training.load_checkpoint(result.checkpoint)[1]["history"]
     return {"epoch_streamed_s": history[0]["epoch_seconds"], "epoch_cached_s": history[1]["epoch_seconds"],

@@ -12,13 +12,14 @@ notebook 04's training that is Ray Train starting and stopping, with the
 actors that fit started and when each was up (from Ray's actor table); and
 one new Ray worker process importing PyTorch, the unit that start is made of.
 
-The targets are multiples of a floor measured in the same run (``floors``): each Ray notebook's kernel
-start, imports and Ray start, plus the empty Ray Train fit for 04 and 05. Notebook 04 at most 3x its
-floor, 03 and 05 at most 4x. Beside it, a floor that counts every start a notebook pays more than
-once: each Ray Train fit it started (04 runs two: the lesson's and an exercise's), and each of 03's
-timed Ray Data pipelines (a new pool of actor processes each). The yardsticks stay in the JSON for the
-runs before, but no longer set a target: the notebooks' seconds are mostly process starts, which a
-PyTorch epoch does not track.
+The target is a multiple of a floor measured in the same run, on the same Ray (``floors``): each Ray
+notebook's kernel start, imports and Ray start, plus every start it pays, each at what that start costs
+with no work in it: each Ray Train fit it started (Ray's actor table: one ``TrainController`` each) at
+an empty fit's seconds, and each Ray Data pipeline it ran (Ray Data's own record of every execution)
+at an empty pipeline's seconds, one of two actors where the pipeline started actors (Ray's actor
+table: ``_MapWorker``s), else one of tasks. Notebooks 03, 04, 05 and 07 at most 2x that floor. The
+older floor (one fit for 04 and 05, 03's timed pipelines only) and the yardsticks stay in the JSON
+for the runs before.
 
     python benchmarks/bench_smoke.py                  # 01-05 (06 too where lakeFS runs), 3 repeats
     python benchmarks/bench_smoke.py --lakefs-double  # 06 against the tests' lakeFS API double where none runs
@@ -49,10 +50,8 @@ from helpers import timings  # noqa: E402
 
 # Targets in yardsticks (a plain PyTorch epoch of the same run).
 TARGETS = {"notebooks 01-05": 130, "any notebook": 45, "04": 33, "ray start": 9, "06": 65}
-# Targets as multiples of each notebook's floor, measured in the same run (see floors()).
-FLOOR_TARGETS = {"03": 4.0, "04": 3.0, "05": 4.0}
-NEEDS_RAY_TRAIN = ("04", "05")  # the notebooks whose floor holds an empty Ray Train fit
-TIMED_PIPELINES = ("03",)  # where every timed span (notebook.timed) is one Ray Data pipeline
+# Targets as multiples of each notebook's floor, every start counted, measured in the same run (see floors()).
+FLOOR_TARGETS = {"03": 2.0, "04": 2.0, "05": 2.0, "07": 2.0}
 
 
 def yardstick(repeats: int = 3) -> float:
@@ -156,11 +155,15 @@ class _Identity:
         return batch
 
 
-def empty_pipeline(repeats: int = 3) -> float:
-    """Median seconds of a Ray Data pipeline of one row through a pool of two actors, as notebook 03 builds them.
+def _identity(batch):
+    return batch
 
-    What each of notebook 03's pipelines pays before its first image: the streaming executor, and two
-    new actor processes.
+
+def empty_pipeline(repeats: int = 3, actors: bool = True) -> float:
+    """Median seconds of a Ray Data pipeline of one row: through a pool of two actors, as notebooks 03 and 07 build
+    them, or (``actors=False``) through a task.
+
+    What each pipeline pays before its first image: the streaming executor, and for actors two new processes.
     """
     import ray.data
 
@@ -171,7 +174,9 @@ def empty_pipeline(repeats: int = 3) -> float:
     try:
         for _ in range(repeats):
             clock = time.perf_counter()
-            ray.data.from_items([{"x": 1}]).map_batches(_Identity, concurrency=2, num_cpus=0.5).materialize()
+            rows = ray.data.from_items([{"x": 1}])
+            step = rows.map_batches(_Identity, concurrency=2, num_cpus=0.5) if actors else rows.map_batches(_identity)
+            step.materialize()
             seconds.append(time.perf_counter() - clock)
     finally:
         cluster.shutdown_ray()
@@ -239,8 +244,38 @@ def fits_started(actors: list[dict], began: float, ended: float) -> int:
                and began <= actor["StartTime"] / 1000 <= ended)
 
 
+def pipelines_run(executions: list[dict], actors: list[dict], began: float, ended: float) -> dict[str, int]:
+    """The Ray Data pipelines that started between ``began`` and ``ended``: with actors, and of tasks only.
+
+    ``executions`` are Ray Data's own records (its stats actor keeps one per execution of a dataset:
+    ``materialize``, ``write_parquet``, ``to_pandas``, a Ray Train worker's shard ...); a pipeline that
+    started a pool of actors shows ``_MapWorker`` actors starting in its time.
+    """
+    counts = {"actors": 0, "tasks": 0}
+    for run in executions:
+        start, end = run.get("start_time") or 0.0, run.get("end_time") or ended
+        if not began <= start <= ended:
+            continue
+        pooled = any(actor["ActorClassName"] == "_MapWorker" and start - 0.5 <= actor["StartTime"] / 1000 <= end
+                     for actor in actors)
+        counts["actors" if pooled else "tasks"] += 1
+    return counts
+
+
+def data_executions() -> list[dict]:
+    """Every Ray Data execution the stats actor of the stack's Ray remembers (all jobs)."""
+    import ray
+    from ray.data._internal.stats import STATS_ACTOR_NAME, STATS_ACTOR_NAMESPACE
+
+    try:
+        actor = ray.get_actor(STATS_ACTOR_NAME, namespace=STATS_ACTOR_NAMESPACE)
+    except ValueError:  # no pipeline ran on this Ray yet
+        return []
+    return list(ray.get(actor.get_datasets.remote(), timeout=30).values())
+
+
 def count_fits(rows: list[dict]) -> None:
-    """Add to each row of :func:`run_once` the Ray Train fits its notebook started, read from Ray's actor table."""
+    """Add to each row of :func:`run_once` the Ray Train fits and Ray Data pipelines its notebook started."""
     from ray._private import state
 
     from helpers import cluster
@@ -248,10 +283,13 @@ def count_fits(rows: list[dict]) -> None:
     cluster.init_ray()
     try:
         actors = list(state.actors().values())
+        executions = data_executions()
     finally:
         cluster.shutdown_ray()
     for row in rows:
-        row["fits"] = fits_started(actors, row.pop("began"), row.pop("ended"))
+        began, ended = row.pop("began"), row.pop("ended")
+        row["fits"] = fits_started(actors, began, ended)
+        row["pipelines"] = pipelines_run(executions, actors, began, ended)
 
 
 def mlflow_spans(facts: dict, tracking_uri: str) -> list[dict]:
@@ -341,6 +379,8 @@ def summarise(repeats: list[list[dict]], stick: float) -> list[dict]:
         summary.append({"notebook": first["notebook"], "status": sorted({run["status"] for run in runs}),
                         "seconds": round(seconds, 1), "yardsticks": round(seconds / stick, 1),
                         "fits": int(statistics.median(run.get("fits", 0) for run in runs)),
+                        "pipelines": {kind: int(statistics.median(run.get("pipelines", {}).get(kind, 0)
+                                                                  for run in runs)) for kind in ("actors", "tasks")},
                         "breakdown_seconds": parts, "breakdown_counts": counts,
                         "breakdown_yardsticks": {k: round(v / stick, 1) for k, v in parts.items()}})
     return summary
@@ -360,14 +400,14 @@ def verdict(summary: list[dict], stick: float) -> dict[str, dict]:
                    "met": None if value is None else value <= TARGETS[name]} for name, value in checks.items()}
 
 
-def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds: float = 0.0) -> dict[str, dict]:
-    """Each Ray notebook's time as a multiple of its floor: what it cannot avoid paying before any lesson.
+def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds: float,
+           empty_task_pipeline_seconds: float) -> dict[str, dict]:
+    """Each Ray notebook's time as a multiple of its floor: what it cannot avoid paying, every start counted.
 
-    ``floor`` (the target's): the notebook's own kernel start and imports and its Ray start (spans of
-    the same run), plus, for 04 and 05, one Ray Train fit whose loop only reports once (timed in the
-    same run on the same Ray). ``floor_each_start`` also counts every start the notebook pays more
-    than once: each Ray Train fit it started (from Ray's actor table) at the empty fit's seconds, and,
-    in 03, each timed Ray Data pipeline at the seconds of a one-row pipeline through two actors.
+    The floor: the notebook's own kernel start, imports and Ray start (spans of the same run), plus each
+    Ray Train fit it started at the seconds of a fit whose loop only reports once, plus each Ray Data
+    pipeline it ran at the seconds of a one-row pipeline, through two actors where it started actors, else
+    through a task (all timed in the same run on the same Ray).
     """
     out = {}
     for row in summary:
@@ -376,19 +416,15 @@ def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds
             continue
         number = row["notebook"]
         start = parts.get("kernel start + imports", 0.0) + parts["ray start"]
-        floor = start + (empty_fit_seconds if number in NEEDS_RAY_TRAIN else 0.0)
-        fits = max(row.get("fits", 0), 1 if number in NEEDS_RAY_TRAIN else 0)
-        pipelines = sum(count for label, count in row.get("breakdown_counts", {}).items()
-                        if label not in ("kernel start + imports", "ray start")) if number in TIMED_PIPELINES else 0
-        each_start = start + fits * empty_fit_seconds + pipelines * empty_pipeline_seconds
+        fits, pipelines = row.get("fits", 0), row.get("pipelines", {})
+        each_start = (start + fits * empty_fit_seconds + pipelines.get("actors", 0) * empty_pipeline_seconds
+                      + pipelines.get("tasks", 0) * empty_task_pipeline_seconds)
         target = FLOOR_TARGETS.get(number)
-        multiple = row["seconds"] / floor
-        out[number] = {"seconds": row["seconds"], "kernel and ray start": round(start, 2),
-                       "empty fit": empty_fit_seconds if number in NEEDS_RAY_TRAIN else 0.0,
-                       "floor": round(floor, 2), "multiple": round(multiple, 2), "target": target,
-                       "met": None if target is None else multiple <= target,
-                       "fits": fits, "pipelines": pipelines, "floor_each_start": round(each_start, 2),
-                       "multiple_each_start": round(row["seconds"] / each_start, 2)}
+        multiple = row["seconds"] / each_start
+        out[number] = {"seconds": row["seconds"], "kernel and ray start": round(start, 2), "fits": fits,
+                       "actor pipelines": pipelines.get("actors", 0), "task pipelines": pipelines.get("tasks", 0),
+                       "floor_each_start": round(each_start, 2), "multiple_each_start": round(multiple, 2),
+                       "target": target, "met": None if target is None else multiple <= target}
     return out
 
 
@@ -435,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     floor = empty_fit()
     process = new_worker_process()
     pipeline = empty_pipeline()
+    task_pipeline = empty_pipeline(actors=False)
     print(f"Ray Train fit with an empty loop: {floor['seconds']:.1f} s; a new worker process importing "
           f"PyTorch: {process:.1f} s", flush=True)
     repeats = []
@@ -461,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
         ran_06 = any(row["notebook"] == "06" and row["status"] == ["ok"] for row in summary)
         lakefs = f"lakeFS at {load_settings().lakefs_endpoint}" if ran_06 else "not available: notebook 06 skipped"
     targets = verdict(summary, stick)
-    multiples = floors(summary, round(floor["seconds"], 1), round(pipeline, 2))
+    multiples = floors(summary, round(floor["seconds"], 1), round(pipeline, 2), round(task_pipeline, 2))
 
     path = RESULTS / "smoke.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -474,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "actors": floor["actors"], "up_after_seconds": floor["up_after_seconds"]},
         "new_worker_process_with_torch": {"seconds": round(process, 2), "yardsticks": round(process / stick, 1)},
         "empty_ray_data_pipeline_two_actors_seconds": round(pipeline, 2),
+        "empty_ray_data_pipeline_tasks_seconds": round(task_pipeline, 2),
         "ray": args.ray, "floors": multiples, "notebooks": summary, "targets": targets, "raw": repeats}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -486,14 +524,15 @@ def main(argv: list[str] | None = None) -> int:
                 ["notebook", "status", "seconds", "yardsticks", "largest parts (s)"])
     print_table("Targets (yardsticks)", [{"check": k, **v} for k, v in targets.items()],
                 ["check", "measured", "target", "met"])
-    print_table(f"Against the floor ({args.ray}'s Ray: kernel start + imports + Ray start, + an empty Ray Train fit "
-                "for 04 and 05)", [{"notebook": k, **v} for k, v in multiples.items()],
-                ["notebook", "seconds", "floor", "multiple", "target", "met", "fits", "pipelines",
-                 "floor_each_start", "multiple_each_start"])
+    print_table(f"Against the floor ({args.ray}'s Ray: kernel start + imports + Ray start + every fit and pipeline "
+                "started, each empty)", [{"notebook": k, **v} for k, v in multiples.items()],
+                ["notebook", "seconds", "kernel and ray start", "fits", "actor pipelines", "task pipelines",
+                 "floor_each_start", "multiple_each_start", "target", "met"])
     print(f"\nRay Train fit with an empty loop (2 workers): {floor['seconds']:.1f} s = "
           f"{floor['seconds'] / stick:.1f} yardsticks; {floor['actors']} actors, each a new process, up after (s): "
           + ", ".join(f"{name} {up:.1f}" for name, up in floor["up_after_seconds"].items()))
-    print(f"A Ray Data pipeline of one row through two actors: {pipeline:.2f} s")
+    print(f"A Ray Data pipeline of one row through two actors: {pipeline:.2f} s; through a task: "
+          f"{task_pipeline:.2f} s")
     print(f"A new Ray worker process importing PyTorch and Ray Train: {process:.2f} s = "
           f"{process / stick:.1f} yardsticks")
     print(f"\nwritten: {path}")

@@ -20,13 +20,13 @@ from helpers import listing, stack, storage, upload
 
 def bench_upload(client, smoke: int, workers: list[int]) -> list[dict]:
     rows = []
-    for max_workers in workers:
+    for threads in workers:
         bucket = f"bench-upload-{uuid.uuid4().hex[:8]}"
         try:
-            report = upload.upload_mnist(bucket, smoke, client=client, max_workers=max_workers, progress=False)
+            report = upload.upload_mnist(bucket, smoke, client=client, threads=threads, progress=False)
         finally:
             storage.delete_bucket(client, bucket)
-        rows.append({"method": f"{max_workers} thread{'s' if max_workers > 1 else ''}",
+        rows.append({"method": f"{threads} thread{'s' if threads > 1 else ''}",
                      "objects": report.uploaded, "seconds": round(report.seconds, 2),
                      "objects/s": round(report.objects_per_second)})
     for row in rows:

@@ -19,15 +19,16 @@ import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from helpers import tracking
+from helpers import candidates, tracking
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, load_settings
 from helpers.dataset_cache import read_once
 from helpers.listing import split_train_test
 from helpers.preprocess import dataset_to_numpy, pointers_to_datasets, shuffle_pointers
 from helpers.storage import bucket_not_found, endpoint_of, ensure_bucket, get_client, object_store_errors
-from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, interrupt_handler_restored,
-                              load_checkpoint, log_dataset, log_torch_model, make_trainer, unique_run_name)
+from helpers.interrupts import stop_cleanly
+from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, load_checkpoint, log_dataset,
+                              log_torch_model, make_trainer, unique_run_name)
 from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store,
                                 current_import, lakefs_errors, storage_namespace, wait_for_import)
 from helpers.worker_support import check_params
@@ -36,7 +37,6 @@ INGEST_BRANCH = "ingest"
 EXPERIMENT_PREFIX = "exp-"
 MODEL_PATH, PARAMS_PATH, METRICS_PATH = "artifacts/model.pt", "config/params.json", "metrics/metrics.json"
 EXPERIMENT_FILES = (MODEL_PATH, PARAMS_PATH, METRICS_PATH)
-MLFLOW_EXPERIMENT = "lakefs-experiments"
 MODEL_LOGGING = threading.Lock()  # MLflow saves a model with torch.export, which is not thread-safe
 
 
@@ -167,46 +167,58 @@ def commit_datasets(repo, ref: str, with_train: bool = True, num_actors: int = 2
     return read_once(pointers_to_datasets, bucket, train, test, num_actors=num_actors)  # the same pointers: read once
 
 
-DEFAULT_LR = {"sgd": 0.05, "adam": 0.002}  # each optimizer's learning rate unless the grid sets one
+DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}  # each optimizer's peak learning rate when the grid changes the optimizer
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 33 (id 6639731b).
-def experiment_params(overrides: Mapping[str, Any], epochs: int = 2) -> dict[str, Any]:
-    """Notebook 04's training parameters: its defaults, ``epochs``, the optimizer's lr, then ``overrides``; checked."""
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 33 (id b2a8dbc9).
+def starting_point(mlflow_client, sweep_experiment: str) -> tuple[dict[str, Any], str]:
+    """Notebook 04's parameters with notebook 05's best values where a sweep ran, and where they come from."""
+    best = candidates.best_sweep_params(mlflow_client, sweep_experiment)
+    if best is None:
+        return dict(DEFAULT_PARAMS), f"notebook 04's defaults (no finished sweep in {sweep_experiment!r})"
+    values, sweep = best
+    return {**DEFAULT_PARAMS, **{k: v for k, v in values.items() if k in DEFAULT_PARAMS}}, f"notebook 05's {sweep}"
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 35 (id 6639731b).
+def experiment_params(overrides: Mapping[str, Any], start: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Notebook 04's training parameters: ``start`` (04's defaults), the optimizer's lr if it changes, ``overrides``."""
+    start = dict(start or DEFAULT_PARAMS)
     unknown = set(overrides) - set(DEFAULT_PARAMS)
     if unknown:
         raise ParameterError(f"Unknown experiment parameter(s) {sorted(unknown)}; known (notebook 04's): "
                              f"{sorted(DEFAULT_PARAMS)}.")
-    optimizer = overrides.get("optimizer", DEFAULT_PARAMS["optimizer"])
+    optimizer = overrides.get("optimizer", start["optimizer"])
     if optimizer not in DEFAULT_LR:
         raise ParameterError(f"optimizer must be one of {sorted(DEFAULT_LR)}, not {optimizer!r}.")
-    return dict(check_params({**DEFAULT_PARAMS, "epochs": epochs, "lr": DEFAULT_LR[optimizer], **overrides}))
+    lr = start["lr"] if optimizer == start["optimizer"] else DEFAULT_LR[optimizer]
+    return dict(check_params({**start, "lr": lr, **overrides}))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 35 (id abfefeb8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 37 (id abfefeb8).
 def train_with_ray(params: Mapping[str, Any], train, run_id: str | None, settings: Settings,
                    cluster_cpus: float = 2.0) -> tuple[nn.Module, list[dict[str, Any]]]:
     """One Ray Train run of notebook 04's loop with one worker: the trained model and its epoch history."""
     config = {**params, "run_id": run_id, "tracking_uri": settings.mlflow_tracking_uri}  # the loop logs to run_id
     trainer = make_trainer(config, {"train": train}, num_workers=1, run_name=unique_run_name("experiment"),
                            storage_path=f"{LAKEFS_BUCKET}/ray-results", cluster_cpus=cluster_cpus, settings=settings)
-    with interrupt_handler_restored():  # fit() leaves Ray Train's Ctrl-C handler behind (notebook 04)
+    with stop_cleanly("Training", trainer=trainer):  # an interrupt: one line, and the run stopped (notebook 04)
         result = trainer.fit()
     net, state = load_checkpoint(result.checkpoint)  # notebook 04's loader
     return net, state["history"]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 37 (id f6ce6be9).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 39 (id f6ce6be9).
 def evaluate(net: nn.Module, test) -> dict[str, float]:
     """Test accuracy and mean loss of ``net`` on a materialised test dataset (nothing added to them)."""
     x_test, y_test = dataset_to_numpy(test)
     with torch.no_grad():
         log_probs = net.eval()(torch.as_tensor(x_test))
-    return {"accuracy": accuracy(log_probs.argmax(1).numpy(), y_test),
+    return {"test_accuracy": accuracy(log_probs.argmax(1).numpy(), y_test),
             "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 39 (id a854714a).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 41 (id a854714a).
 def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], extra: Mapping[str, str]) -> dict:
     """Commit metadata (string values only): ``param.<name>`` and ``metric.<name>`` as JSON, plus ``extra``."""
     out = {f"param.{k}": json.dumps(v) for k, v in params.items()}
@@ -215,14 +227,14 @@ def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], ext
     return out
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 41 (id 961defa6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 43 (id 961defa6).
 def decode_metadata(metadata: Mapping[str, str], kind: str) -> dict[str, Any]:
     """The ``param`` or ``metric`` values back from commit metadata."""
     head = f"{kind}."
     return {k[len(head):]: json.loads(v) for k, v in metadata.items() if k.startswith(head)}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 43 (id 3454d042).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 45 (id 3454d042).
 @dataclass
 class ExperimentResult:
     """One experiment as committed: branch, commit id, params, metrics, MLflow run id, seconds."""
@@ -235,13 +247,13 @@ class ExperimentResult:
     seconds: float
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 45 (id 3222a55e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 47 (id 3222a55e).
 def lakefs_source(repo_name: str, commit_id: str, prefix: str) -> str:
     """The S3 URI of a prefix at a commit through lakeFS's S3 gateway: ``s3://<repository>/<commit>/<prefix>``."""
     return f"s3://{repo_name}/{commit_id}/{prefix}"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 47 (id 4dc7ffc9).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 49 (id 4dc7ffc9).
 def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Mapping[str, Any],
                          experiment: str, lineage: Mapping[str, str] | None) -> str:
     """An MLflow run for the experiment, tagged with its lakeFS data commit, its inputs named at that commit."""
@@ -257,7 +269,7 @@ def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Map
     return run_id
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 49 (id 1d0a645d).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 51 (id 1d0a645d).
 def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics: Mapping[str, float],
                       extra: Mapping[str, str]):
     """Upload the model (notebook 04's checkpoint format), config and metrics to ``branch``; commit them together."""
@@ -275,28 +287,28 @@ def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics
                              metadata=encode_metadata(params, metrics, extra))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 51 (id dbb7c8fc).
-def train_experiment(repo, branch: str, overrides: Mapping[str, Any], datasets, data_commit: str,
-                     settings: Settings, cluster_cpus: float = 2.0, lineage: Mapping[str, str] | None = None,
-                     mlflow_experiment: str = MLFLOW_EXPERIMENT) -> ExperimentResult:
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 53 (id dbb7c8fc).
+def train_experiment(repo, branch: str, params: Mapping[str, Any], datasets, data_commit: str, settings: Settings,
+                     experiment: str, cluster_cpus: float = 2.0,
+                     lineage: Mapping[str, str] | None = None) -> ExperimentResult:
     """Train one experiment on ``datasets`` (the images at ``data_commit``, where ``branch`` starts) and commit it."""
     import mlflow
 
     started = time.perf_counter()
-    params = {**experiment_params(overrides), "data_commit": data_commit,
-              "train_images": datasets[0].count(), "test_images": datasets[1].count()}
+    params = {**params, "data_commit": data_commit, "train_images": datasets[0].count(),
+              "test_images": datasets[1].count()}
     mlflow_client, run_id = MlflowClient(settings.mlflow_tracking_uri), None
     try:  # the run ends FAILED (or KILLED) if anything below stops it, never RUNNING
-        run_id = start_experiment_run(mlflow_client, repo.id, branch, params, mlflow_experiment, lineage)
+        run_id = start_experiment_run(mlflow_client, repo.id, branch, params, experiment, lineage)
         net, history = train_with_ray(params, datasets[0], run_id, settings, cluster_cpus)
         metrics = {**evaluate(net, datasets[1]), "train_loss": history[-1]["train_loss"]}
         mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(
-            {k: metrics[k] for k in ("accuracy", "test_loss")}, step=params["epochs"]))  # the loop logged the rest
+            {k: metrics[k] for k in ("test_accuracy", "test_loss")}, step=params["epochs"]))  # the loop logged the rest
         mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
         with MODEL_LOGGING, mlflow.start_run(run_id=run_id):  # one experiment thread at a time
             model_uri = log_torch_model(net, dataset_to_numpy(datasets[1])[0][:5]).model_uri
         commit = commit_experiment(repo, branch, net, params, metrics, {
-            "experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": mlflow_experiment,
+            "experiment": branch, "mlflow_run_id": run_id, "mlflow_experiment": experiment,
             "mlflow_model_uri": model_uri})
         mlflow_client.set_tag(run_id, "lakefs.commit", commit.id)
     except BaseException as error:
@@ -306,7 +318,7 @@ def train_experiment(repo, branch: str, overrides: Mapping[str, Any], datasets, 
     return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 53 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 55 (id 1574bddb).
 def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
     """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``.
 
@@ -317,20 +329,20 @@ def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -
     return prefix + "-".join("".join(c if c in allowed else "_" for c in p) for p in parts)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 55 (id b6e524de).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 57 (id b6e524de).
 def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
     """Every combination of the axes: ``experiment_grid(optimizer=["sgd", "adam"], epochs=[1, 3])``."""
     names = list(axes)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 57 (id 45338a65).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 59 (id 45338a65).
 def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: str) -> list[str]:
     """One branch per experiment from ``source`` (a commit id); an existing one is recreated there."""
     grid = list(grid)
     names = [branch_name(overrides) for overrides in grid]
     for overrides in grid:
-        experiment_params(overrides)  # fail on a bad grid before any branch is made
+        experiment_params(overrides)  # fail on a bad grid (a name notebook 04 does not know) before any branch
     if len(set(names)) != len(names):
         raise ParameterError(f"The grid gives two experiments the same branch name: {names}.")
     for name in names:
@@ -342,12 +354,13 @@ def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: 
     return names
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 59 (id 99fa4765).
-def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings | None = None,
-                    source: str = INGEST_BRANCH, max_concurrent: int | None = None) -> list[ExperimentResult]:
-    """Every experiment of ``grid`` on its own branch, each a Ray Train run, ``max_concurrent`` at once (default all).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 61 (id 99fa4765).
+def run_experiments(repo, grid: Sequence[Mapping[str, Any]], start: Mapping[str, Any], experiment: str,
+                    settings: Settings | None = None, source: str = INGEST_BRANCH,
+                    max_concurrent: int | None = None) -> list[ExperimentResult]:
+    """Every experiment of ``grid`` on its own branch, from ``start``, each a Ray Train run, ``max_concurrent`` at once.
 
-    Results come back in grid order.
+    ``max_concurrent`` defaults to the number of CPUs Ray has. Results come back in grid order.
     """
     settings = settings or load_settings()
     with lakefs_errors(f"resolving {source!r}"):
@@ -355,19 +368,19 @@ def run_experiments(repo, grid: Sequence[Mapping[str, Any]], settings: Settings 
     branches = create_experiment_branches(repo, grid, source_commit)
     cpus = init_ray(settings)["CPU"]
     datasets = commit_datasets(repo, source_commit)  # listed once in lakeFS, read once from the bucket, shared
-    concurrent = min(len(branches), max_concurrent or len(branches))
+    concurrent = min(len(branches), max_concurrent or max(1, int(cpus)))
     share = 1 + (cpus - 1) / concurrent  # each run's CPUs; make_trainer leaves one for Ray Data
-    lineage = tracking.lineage_tags()  # the git commit of the code, found here on the driver
+    lineage = tracking.lineage_tags()  # the code's git commit (and any changes), found here on the driver
     pool = ThreadPoolExecutor(concurrent)  # each thread waits in fit(); Ray runs the runs side by side
-    runs = [pool.submit(train_experiment, repo, b, g, datasets, source_commit, settings, share, lineage)
-            for b, g in zip(branches, grid, strict=True)]
+    runs = [pool.submit(train_experiment, repo, b, experiment_params(g, start), datasets, source_commit, settings,
+                        experiment, share, lineage) for b, g in zip(branches, grid, strict=True)]
     try:
         return [run.result() for run in runs]
     finally:  # after an error or Ctrl-C: no new experiment starts, and this call returns at once
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 62 (id b3f0c7f6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 64 (id b3f0c7f6).
 def compare_experiments(repo, branches: Sequence[str]):
     """A table of the experiments, read back from lakeFS (commit metadata and metrics file), best first."""
     import pandas as pd
@@ -381,22 +394,23 @@ def compare_experiments(repo, branches: Sequence[str]):
         rows.append({
             "branch": name, "commit": commit.id[:12], "optimizer": params.get("optimizer"),
             "epochs": params.get("epochs"), "lr": params.get("lr"), "train_images": params.get("train_images"),
-            "accuracy": metrics["accuracy"], "test_loss": metrics["test_loss"], "train_loss": metrics["train_loss"],
+            "test_accuracy": metrics["test_accuracy"], "test_loss": metrics["test_loss"],
+            "train_loss": metrics["train_loss"],
             "metrics_match": decode_metadata(commit.metadata, "metric") == metrics,
             "mlflow_run_id": commit.metadata.get("mlflow_run_id", ""), "commit_id": commit.id,
         })
     table = pd.DataFrame(rows)
-    return table.sort_values("accuracy", ascending=False, ignore_index=True) if rows else table
+    return table.sort_values("test_accuracy", ascending=False, ignore_index=True) if rows else table
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 64 (id 5a9f435e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 66 (id 5a9f435e).
 def evaluate_commit(repo, ref: str) -> dict[str, float]:
     """Metrics recomputed from the model committed at ``ref`` on the test images at ``ref``."""
     net, _ = load_checkpoint(read_bytes(repo, ref, MODEL_PATH))  # notebook 04's loader
     return evaluate(net, commit_datasets(repo, ref, with_train=False)[1])
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 72 (id bc33ea4e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 74 (id bc33ea4e).
 @dataclass
 class Promotion:
     """A winner merged into ``main``: the merge commit and the tag pointing at it."""
@@ -406,7 +420,7 @@ class Promotion:
     tag: str
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 74 (id 92704caf).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 76 (id 92704caf).
 def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
             destination: str | None = None) -> Promotion:
     """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
@@ -443,9 +457,9 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 77 (id 22d200f8).
-def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
-    """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage, alias ``champion``."""
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 79 (id 22d200f8).
+def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
+    """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage."""
     from mlflow.exceptions import MlflowException
 
     merged = repo.ref(promotion.merge_commit).get_commit().metadata
@@ -455,16 +469,46 @@ def register_champion(repo, promotion: Promotion, mlflow_client, name: str = REG
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
     model_uri = merged["mlflow_model_uri"]  # models:/<model id>, logged by the winner's run
-    version = mlflow_client.create_model_version(
+    return mlflow_client.create_model_version(
         name, source=model_uri, run_id=merged["mlflow_run_id"], model_id=model_uri.rsplit("/", 1)[-1],
         tags={"lakefs.repository": repo.id, "lakefs.commit": promotion.merge_commit, "lakefs.tag": promotion.tag,
               "lakefs.experiment_commit": merged["promoted_commit"], "mlflow_run_id": merged["mlflow_run_id"]},
         await_creation_for=0)
-    mlflow_client.set_registered_model_alias(name, "champion", version.version)
-    return version
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 82 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 81 (id d5c65f83).
+def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
+    """The version the alias ``champion`` names now, or None where there is none yet."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlflow_client.get_model_version_by_alias(name, "champion")
+    except MlflowException as err:
+        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 83 (id 0ff21874).
+def champion_if_better(mlflow_client, version, images, labels, name: str = REGISTERED_MODEL):
+    """Move ``@champion`` to ``version`` if it is at least as accurate on ``images`` as the current champion.
+
+    Returns the new version's accuracy, the current champion's (None where there was none) and whether it moved.
+    """
+    import mlflow
+
+    def tested(number: str) -> float:
+        return accuracy(mlflow.pyfunc.load_model(f"models:/{name}/{number}").predict(images).argmax(1), labels)
+
+    previous = current_champion(mlflow_client, name)
+    new, old = tested(version.version), None if previous is None else tested(previous.version)
+    moved = old is None or new >= old
+    if moved:
+        mlflow_client.set_registered_model_alias(name, "champion", version.version)
+    return new, old, moved
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 91 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -479,16 +523,17 @@ class Reproduction:
 
     @property
     def within_tolerance(self) -> bool:
-        """Accuracy reproduced within ``tolerance`` (absolute)."""
-        return self.differences["accuracy"] <= self.tolerance
+        """Test accuracy reproduced within ``tolerance`` (absolute)."""
+        return self.differences["test_accuracy"] <= self.tolerance
 
     def __str__(self) -> str:
         verdict, sign = ("reproduced", "<=") if self.within_tolerance else ("NOT reproduced", ">")
-        return (f"{verdict}: accuracy {self.recorded['accuracy']:.4f} recorded, {self.reproduced['accuracy']:.4f} "
-                f"now (|diff| {self.differences['accuracy']:.2g} {sign} {self.tolerance}) in {self.seconds:.1f} s")
+        return (f"{verdict}: test accuracy {self.recorded['test_accuracy']:.4f} recorded, "
+                f"{self.reproduced['test_accuracy']:.4f} now (|diff| {self.differences['test_accuracy']:.2g} {sign} "
+                f"{self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 84 (id 8d4cb7e5).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 93 (id 8d4cb7e5).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings | None = None) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 

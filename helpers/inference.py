@@ -4,12 +4,12 @@ Lesson 07 · Batch inference with Ray Data. Above each definition, the cell that
 """
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from helpers.candidates import ModelChoice
 from helpers.config import check_count, load_settings
 from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dataset
 from helpers.storage import get_client, read_object
@@ -18,19 +18,9 @@ from helpers.worker_support import require_gpus
 PREDICTIONS_PREFIX = "predictions"  # predictions/<run name>/ in the data bucket
 
 
-# From notebooks/07_batch_inference.ipynb, cell 7 (id 31728b81).
-@dataclass
-class ModelChoice:
-    """The model a batch job uses: its MLflow URI, where it came from, and the test accuracy recorded for it."""
-
-    uri: str
-    source: str
-    recorded_accuracy: float | None = None
-
-
-# From notebooks/07_batch_inference.ipynb, cell 9 (id 19e4b353).
+# From notebooks/07_batch_inference.ipynb, cell 8 (id 19e4b353).
 def champion_model(mlflow_client, name: str) -> ModelChoice | None:
-    """Version ``@champion`` of registered model ``name`` (notebook 06), or None where there is none."""
+    """The version ``@champion`` of registered model ``name`` names (notebook 06), as a fixed URI; None if none."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -39,28 +29,12 @@ def champion_model(mlflow_client, name: str) -> ModelChoice | None:
         if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
             return None
         raise
-    recorded = mlflow_client.get_run(version.run_id).data.metrics.get("accuracy")
-    return ModelChoice(f"models:/{name}@champion", f"{name} version {version.version} (@champion, notebook 06)",
-                       recorded)
+    recorded = mlflow_client.get_run(version.run_id).data.metrics.get("test_accuracy")
+    return ModelChoice(f"models:/{name}/{version.version}", f"{name} version {version.version} (@champion, "
+                       "notebook 06)", recorded)
 
 
-# From notebooks/07_batch_inference.ipynb, cell 11 (id 0af01e5d).
-def latest_training_model(mlflow_client, experiment: str) -> ModelChoice | None:
-    """The model logged by the latest finished run of ``experiment`` (notebook 04), or None."""
-    found = mlflow_client.get_experiment_by_name(experiment)
-    if found is None:
-        return None
-    for run in mlflow_client.search_runs([found.experiment_id], "attributes.status = 'FINISHED'",
-                                         order_by=["attributes.start_time DESC"], max_results=20):
-        models = mlflow_client.search_logged_models([found.experiment_id],
-                                                    filter_string=f"source_run_id = '{run.info.run_id}'")
-        if models:
-            return ModelChoice(f"models:/{models[0].model_id}", f"notebook 04's run {run.info.run_name}",
-                               run.data.metrics.get("test_accuracy"))
-    return None
-
-
-# From notebooks/07_batch_inference.ipynb, cell 14 (id aa20abf1).
+# From notebooks/07_batch_inference.ipynb, cell 11 (id aa20abf1).
 class Predictor:
     """Holds the model in a Ray actor: preprocessed batches in, each image's prediction and its confidence out."""
 
@@ -80,7 +54,7 @@ class Predictor:
                 "confidence": confidence.cpu().numpy()}
 
 
-# From notebooks/07_batch_inference.ipynb, cell 16 (id 0e2c8ccf).
+# From notebooks/07_batch_inference.ipynb, cell 13 (id 0e2c8ccf).
 def predict_pointers(keys, labels, bucket: str, model_uri: str, num_actors: int = 2, batch_size: int = 500,
                      use_gpu: bool = False):
     """A lazy Ray Dataset of predictions for the images behind ``keys``: fetched, decoded and predicted by actors."""
@@ -97,7 +71,7 @@ def predict_pointers(keys, labels, bucket: str, model_uri: str, num_actors: int 
                                   num_cpus=0.25, num_gpus=1 if use_gpu else 0)
 
 
-# From notebooks/07_batch_inference.ipynb, cell 26 (id 224c2041).
+# From notebooks/07_batch_inference.ipynb, cell 25 (id 224c2041).
 def predict_in_driver(keys, labels, bucket: str, net: nn.Module, threads: int = 16) -> dict[str, np.ndarray]:
     """The same predictions without Ray: objects fetched by a thread pool, decoded and predicted in this process."""
     client = get_client(load_settings(), max_connections=threads)

@@ -49,14 +49,14 @@ def fetch_image(bucket: str, key: str, client: Minio | None = None) -> np.ndarra
 
 
 # From notebooks/02_list_and_split.ipynb, cell 17 (id fa35e192).
-def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, max_workers: int = 20) -> list[str]:
+def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, threads: int = 20) -> list[str]:
     """Data keys listed by label prefix (``train/0/`` ... ``test/9/``), 20 listings at once (notebook 02).
 
     Two more listings, one level deep under ``train/`` and ``test/``, find what the label
     prefixes cannot see (an object or folder that is not a label 0-9), which is named once and left out.
     """
-    check_count("max_workers", max_workers, 256)
-    client = client or get_client(max_connections=max_workers)
+    check_count("threads", threads, 256)
+    client = client or get_client(max_connections=threads)
     prefixes = [f"{split}/{label}/" for split in SPLITS for label in range(10)]
 
     def list_prefix(prefix: str) -> list[str]:
@@ -68,7 +68,7 @@ def list_objects_parallel(bucket: str = "mnist", client: Minio | None = None, ma
                   if o.object_name not in prefixes]
     image_keys([key for stray in strays for key in (list_prefix(stray) if stray.endswith("/") else [stray])],
                bucket)  # says what is left out
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+    with ThreadPoolExecutor(max_workers=threads) as pool:
         return [key for keys in pool.map(list_prefix, prefixes) for key in keys]
 
 

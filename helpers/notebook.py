@@ -15,6 +15,7 @@ from tqdm.std import tqdm as tqdm_text
 
 from helpers import timings
 from helpers.config import ConfigError, ParameterError
+from helpers.interrupts import Interrupted
 from helpers.mnist import MnistUnavailableError
 from helpers.stack import StackError
 from helpers.storage import REPAIR_HINT, ObjectDecodeError, StorageError, outage_during
@@ -28,7 +29,7 @@ class NotebookSkipped(RuntimeError):
 
 # Errors a user can fix: a notebook shows their one-line message, not a traceback.
 USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError, LakeFSError,
-               TrackingUnavailable, NotebookSkipped)
+               TrackingUnavailable, NotebookSkipped, Interrupted)
 
 
 HEADLESS_ENV = "TUTORIAL_HEADLESS"  # set by the runner and the tests: no one watches the outputs live
@@ -129,11 +130,19 @@ def user_error_line(value: BaseException) -> str:
 
 @contextlib.contextmanager
 def timed(label: str) -> Iterator[dict[str, float]]:
-    """Time a block and print ``label: N.NN s``; the seconds are in the yielded dict's ``"seconds"``."""
+    """Time a block and print ``label: N.NN s``; the seconds are in the yielded dict's ``"seconds"``.
+
+    The kernel's Interrupt button inside the block ends the cell in one :class:`~helpers.interrupts.Interrupted`
+    line naming the step and saying to run the cell again (Ray Data has stopped its pipeline and actors by
+    then), instead of a ``KeyboardInterrupt`` traceback.
+    """
     result: dict[str, float] = {}
     started, wall = time.perf_counter(), time.time()
     try:
         yield result
+    except KeyboardInterrupt:
+        raise Interrupted(f"{label} stopped: you interrupted it. Nothing it made is kept; run the cell again.") \
+            from None
     finally:
         result["seconds"] = time.perf_counter() - started
         timings.record(label, wall)

@@ -126,23 +126,49 @@ def tolerance(name: str, value: object) -> None:
 
 
 COMMON = {"bucket": bucket, "smoke_test_size": smoke_size}
+TRAINING = {"epochs": count(10_000), "lr": positive(10.0), "batch_size_per_worker": count(100_000)}
 PARAMETERS: dict[str, dict[str, Check]] = {
-    "01": {**COMMON, "image_format": one_of("png", "jpeg", "jpg"), "append": flag, "max_workers": count(256)},
+    "01": {**COMMON, "image_format": one_of("png", "jpeg", "jpg"), "append": flag, "threads": count(256)},
     "02": {**COMMON},
-    "03": {**COMMON, "batch_size": count(100_000), "num_actors": count(1024), "threads_per_actor": count(256),
-           "num_blocks": optional(count(100_000))},
-    "04": {**COMMON, "epochs": count(10_000), "lr": positive(10.0), "momentum": fraction,
-           "hidden_sizes": list_of(count(100_000), "[128, 64]"), "batch_size_per_worker": count(100_000),
-           "checkpoint_every": count(10_000), "cache_shard": flag, "num_workers": count(1024), "use_gpu": flag,
-           "fail_at_epoch": optional(count(10_000)), "experiment": text},
-    "05": {**COMMON, "num_samples": count(10_000), "max_concurrent_trials": count(1024),
+    "03": {**COMMON, "batch_size": count(100_000), "num_actors": count(1024), "threads": count(256),
+           "num_blocks": optional(count(100_000)), "live": flag},
+    "04": {**COMMON, **TRAINING, "model": one_of("mlp", "cnn"), "hidden_sizes": list_of(count(100_000), "[256, 128]"),
+           "optimizer": one_of("adam", "sgd"), "checkpoint_every": count(10_000), "cache_shard": flag,
+           "num_workers": count(1024), "use_gpu": flag, "fail_at_epoch": optional(count(10_000)), "experiment": text,
+           "live": flag},
+    "05": {**COMMON, "num_samples": count(10_000), "max_concurrent": count(1024),
            "searcher": one_of("hyperopt", "optuna"), "scheduler": optional(one_of("asha")),
-           "epochs": count(10_000), "seed": seed, "num_workers": count(1024, minimum=0), "experiment": text},
-    "06": {**COMMON, "repo_name": repository, "optimizers": list_of(one_of("sgd", "adam"), '["sgd", "adam"]'),
-           "epochs": list_of(count(10_000), "[1, 3]"), "tolerance": tolerance},
+           "epochs": count(10_000), "seed": seed, "num_workers": count(1024, minimum=0), "experiment": text,
+           "live": flag},
+    "06": {**COMMON, "repo_name": repository, "optimizers": list_of(one_of("adam", "sgd"), '["adam", "sgd"]'),
+           "epochs": list_of(count(10_000), "[5, 10]"), "max_concurrent": count(1024), "tolerance": tolerance,
+           "experiment": text, "registered_model": text, "training_experiment": text, "sweep_experiment": text},
     "07": {**COMMON, "model_uri": model_uri, "registered_model": text, "training_experiment": text,
-           "num_actors": count(1024), "batch_size": count(100_000), "use_gpu": flag, "experiment": text},
+           "sweep_experiment": text, "num_actors": count(1024), "batch_size": count(100_000), "use_gpu": flag,
+           "experiment": text},
 }
+
+# What ``live=True`` sets: sizes at which the instructor notes' "watch it live" moments last long enough to
+# watch (about 30-90 s on a 2-core laptop): 03's actors, 04's epochs reaching MLflow, 05's trials coming and going.
+LIVE: dict[str, dict[str, object]] = {
+    "03": {"smoke_test_size": 30_000},
+    "04": {"smoke_test_size": 12_000, "epochs": 20, "cache_shard": False},
+    "05": {"smoke_test_size": 20_000, "num_samples": 12, "epochs": 10, "max_concurrent": 2},
+}
+
+
+def live_mode(notebook: str, values: dict[str, object]) -> None:
+    """With ``live`` True in ``values`` (a notebook's globals): set :data:`LIVE`'s sizes there and say so in one line.
+
+    The smoke defaults stay fast for everyone else; an instructor sets ``live = True`` in the parameters cell
+    (or ``-p live True``) to show the dashboard and MLflow while the work is still going on.
+    """
+    if not values.get("live"):
+        return
+    changes = {name: value for name, value in LIVE[notebook].items() if values.get(name) != value}
+    values.update(changes)
+    said = ", ".join(f"{name} {value!r}" for name, value in changes.items()) or "the sizes it already has"
+    print(f"Live mode: {said}; the upload, if any, and the work take longer. Watch the dashboard and MLflow now.")
 
 
 def check_parameters(notebook: str, values: Mapping[str, object]) -> None:

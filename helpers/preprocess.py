@@ -291,14 +291,14 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     return ds.select_columns(["label", "pixels"]).map_batches(scale_packed, batch_size=4096)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 55 (id 887309d0).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 56 (id 887309d0).
 def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple[list[str], list[int]]:
     """The same pointers in a seeded random order (listings come back sorted by label)."""
     order = np.random.default_rng(seed).permutation(len(X))
     return [X[i] for i in order], [int(y[i]) for i in order]
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 57 (id 47f5ccdf).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 58 (id 47f5ccdf).
 def pointers_to_datasets(bucket: str, train: tuple[Sequence[str], Sequence[int]],
                          test: tuple[Sequence[str], Sequence[int]], num_actors: int = 2, batch_size: int = 400):
     """``(keys, labels)`` of both splits -> preprocessed, materialised Ray Datasets ``(train, test)``, rows in order.
@@ -324,7 +324,7 @@ def pointers_to_datasets(bucket: str, train: tuple[Sequence[str], Sequence[int]]
                               table.filter(pc.invert(in_train)).drop_columns(["row"])))
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 59 (id 44cbc843).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 60 (id 44cbc843).
 def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
                   seed: int = 0, batch_size: int = 400):
     """A bucket's pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04, 05, 07).
@@ -340,7 +340,7 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
                                 num_actors=num_actors, batch_size=batch_size)
 
 
-# From notebooks/03_ray_data_preprocessing.ipynb, cell 61 (id dd871ece).
+# From notebooks/03_ray_data_preprocessing.ipynb, cell 62 (id dd871ece).
 def dataset_to_numpy(ds) -> tuple[np.ndarray, np.ndarray]:
     """All ``X`` and ``y`` of a (small, materialised) dataset as numpy arrays."""
     xs, ys = [], []

@@ -2,9 +2,11 @@
 
 ``python -m helpers.runner`` runs every ``notebooks/NN_*.ipynb`` at its
 default (smoke) parameters into ``runs/<timestamp>/`` and prints one line
-per notebook with its status and time. ``--in-place`` refreshes the
-committed notebooks' outputs instead, with papermill's machine-specific
-metadata removed.
+per notebook with its status and time. ``--solutions`` runs each notebook
+with its exercises' solutions inserted and run (``make solutions``, for an
+instructor). ``--in-place`` refreshes the committed notebooks' outputs
+(``make notebooks``): only from a clean working tree, and only once every
+notebook ran, with papermill's machine-specific metadata removed.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def _has_content(output: dict) -> bool:
 def strip_machine_metadata(path: Path) -> None:
     """Remove papermill's paths, per-cell timings, widget state and empty outputs from a notebook.
 
-    A committed notebook then holds no machine facts, nothing blank and no frozen widget.
+    A committed notebook then holds no machine facts, nothing blank and no frozen widget, and each
+    exercise's cell shows ``[ ]``, as a cell the learner has yet to run.
     """
     nb = json.loads(path.read_text())
     nb.get("metadata", {}).pop("papermill", None)
@@ -68,6 +71,8 @@ def strip_machine_metadata(path: Path) -> None:
             for output in cell["outputs"]:
                 output.get("data", {}).pop(WIDGET_VIEW, None)
             cell["outputs"] = [o for o in cell["outputs"] if _has_content(o)]
+        if "exercise" in cell.get("metadata", {}).get("tags", []):
+            cell["execution_count"] = None
     path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -95,19 +100,36 @@ def local_kernel_manager():
     return LocalKernelManager
 
 
+def with_solutions_file(notebook: Path, folder: Path) -> Path:
+    """A copy of ``notebook`` in ``folder`` with its exercises' solutions inserted as code cells.
+
+    See :mod:`helpers.solutions`; the copy is hidden (a dot file) and the caller deletes it.
+    """
+    from helpers.solutions import with_solutions
+
+    copy = folder / f".{notebook.stem}.solutions.ipynb"
+    copy.write_text(json.dumps(with_solutions(json.loads(notebook.read_text())), indent=1))
+    return copy
+
+
 def execute(notebook: Path, output: Path, parameters: dict | None = None,
-            cell_timeout: int = 900) -> NotebookRun:
-    """Run one notebook with papermill (cwd = its folder) and classify the result."""
+            cell_timeout: int = 900, solutions: bool = False) -> NotebookRun:
+    """Run one notebook with papermill (cwd = its folder) and classify the result.
+
+    ``solutions`` runs it with every exercise's solution inserted after its folded block.
+    """
     import papermill
 
     from helpers.notebook import HEADLESS_ENV
 
     os.environ.setdefault(HEADLESS_ENV, "1")  # the kernel inherits it: progress bars print one final line
+    output.parent.mkdir(parents=True, exist_ok=True)
+    source = with_solutions_file(notebook, output.parent) if solutions else notebook
     started = time.perf_counter()
     status, message = "ok", ""
     try:
         papermill.execute_notebook(
-            str(notebook), str(output), parameters=parameters or {}, cwd=str(notebook.parent),
+            str(source), str(output), parameters=parameters or {}, cwd=str(notebook.parent),
             progress_bar=False, execution_timeout=cell_timeout, kernel_name="python3",
             kernel_manager_class=local_kernel_manager(),
         )
@@ -118,6 +140,9 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
         status = "failed"
         first_line = (str(err).strip().splitlines() or [""])[0][:300]
         message = f"{type(err).__name__}: {first_line}"
+    finally:
+        if solutions:
+            source.unlink(missing_ok=True)
     return NotebookRun(notebook.name, status, time.perf_counter() - started, output, message)
 
 
@@ -127,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="run only notebooks whose name contains this text")
     parser.add_argument("--before", metavar="NN", help="run only the notebooks numbered below NN (e.g. 04): what "
                                                         "a learner joining at NN would have run")
-    parser.add_argument("--in-place", action="store_true", help="refresh the committed notebooks' outputs")
+    parser.add_argument("--in-place", action="store_true",
+                        help="refresh the committed notebooks' outputs (a clean working tree only)")
+    parser.add_argument("--solutions", action="store_true",
+                        help="run every exercise's solution too (make solutions), into runs/solutions-<time>/")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="papermill parameter for every notebook (value parsed as JSON when it can be)")
     args = parser.parse_args(argv)
@@ -145,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"not {args.before!r}")
     if args.only and not any(args.only in path.name for path in notebook_paths(root)):
         parser.error(f"--only {args.only!r} matches no notebook in notebooks/")
-    out_dir = root / "runs" / datetime.now().strftime("%Y%m%d-%H%M%S")
+    if args.in_place and args.solutions:
+        parser.error("--in-place writes the notebooks as a learner gets them: without --solutions")
+    if args.in_place and not _clean_tree(root):
+        return 2
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = root / "runs" / (f"solutions-{stamp}" if args.solutions else stamp)
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     for notebook in notebook_paths(root):
@@ -154,19 +187,45 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"running {notebook.name} ...", flush=True)
         try:
-            run = execute(notebook, out_dir / notebook.name, parameters)
+            run = execute(notebook, out_dir / notebook.name, parameters, solutions=args.solutions)
         except KeyboardInterrupt:  # Ctrl-C: still say what ran, then stop
             runs.append(NotebookRun(notebook.name, "failed", 0.0, out_dir / notebook.name, "interrupted"))
-            _print_summary(runs, root, out_dir, args.in_place)
+            _print_summary(runs, root, out_dir, in_place=False)
             return 130
-        if args.in_place and run.status == "ok":  # a skipped or failed run never replaces the committed outputs
-            shutil.copyfile(run.output, notebook)
-            strip_machine_metadata(notebook)
         runs.append(run)
         print(f"  {run.status} in {run.seconds:.1f} s {run.message}", flush=True)
 
-    _print_summary(runs, root, out_dir, args.in_place)
+    replaced = args.in_place and _replace_outputs(runs, root)
+    _print_summary(runs, root, out_dir, replaced)
+    if args.in_place:
+        return 0 if replaced else 1
     return 1 if any(r.status == "failed" for r in runs) else 0
+
+
+def _clean_tree(root: Path) -> bool:
+    """Whether the working tree is clean, as the committed outputs must come from; one line when it is not."""
+    from helpers import code_version
+
+    version = code_version.current(root)
+    if version is None or version.dirty:
+        where = "not a git checkout" if version is None else f"changes in {', '.join(version.changed[:5])}"
+        print(f"error: the committed outputs come from a clean working tree, and this one is not ({where}). "
+              "Commit or stash the changes, then run `make notebooks` again.", file=sys.stderr)
+        return False
+    print(f"Outputs from {version}")
+    return True
+
+
+def _replace_outputs(runs: list[NotebookRun], root: Path) -> bool:
+    """Copy every run into ``notebooks/`` if every notebook ran; else nothing (one run makes all outputs, or none)."""
+    if not all(run.status == "ok" for run in runs):
+        print("Not every notebook ran: the committed outputs are left as they were.", file=sys.stderr)
+        return False
+    for run in runs:
+        target = root / "notebooks" / run.name
+        shutil.copyfile(run.output, target)
+        strip_machine_metadata(target)
+    return True
 
 
 def _print_summary(runs: list[NotebookRun], root: Path, out_dir: Path, in_place: bool) -> None:

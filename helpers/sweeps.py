@@ -2,6 +2,7 @@
 
 Lesson 05 · Hyperparameter sweeps with Ray Tune, tracked in MLflow. Above each definition, the cell that teaches it.
 """
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,12 @@ from helpers import tracking
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem, smoke_sizes
-from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, make_optimizer,
-                              model_from_params, predict, train_func_per_worker, worker_resources)
+from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, lr_schedule,
+                              make_optimizer, model_from_params, predict, train_func_per_worker, worker_resources)
 
-METRIC, MODE = "mean_accuracy", "max"
-KNOWN_GOOD = {"rate": 0.2, "hidden": 128, "activation": "relu", "lr": 0.05}  # the original article's start
+METRIC, MODE = "val_accuracy", "max"  # what the sweep maximises: accuracy on the held-out validation images
+TUNED = ("lr", "dropout", "batch_size_per_worker")  # notebook 04's names for what is searched
+KNOWN_GOOD = {name: DEFAULT_PARAMS[name] for name in TUNED}  # notebook 04's defaults: the sweep starts there
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 7 (id ecf5f58f).
@@ -40,12 +42,11 @@ def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = N
 
 # From notebooks/05_tune_sweeps.ipynb, cell 10 (id 902ba3cd).
 def search_space() -> dict[str, Any]:
-    """The original article's space (rate, hidden, activation) plus the learning rate."""
+    """Notebook 04's learning rate, dropout and batch size, around its defaults."""
     return {
-        "rate": tune.uniform(0.1, 0.5),
-        "hidden": tune.randint(32, 512),
-        "activation": tune.choice(["relu", "tanh"]),
-        "lr": tune.loguniform(1e-3, 2e-1),
+        "lr": tune.loguniform(1e-3, 1e-2),
+        "dropout": tune.uniform(0.0, 0.3),
+        "batch_size_per_worker": tune.choice([16, 32, 64]),
     }
 
 
@@ -74,15 +75,14 @@ def start_child_run(config: dict[str, Any], params: dict[str, Any]):
 # From notebooks/05_tune_sweeps.ipynb, cell 15 (id 9ab421ea).
 def model_config(config: dict[str, Any]) -> dict[str, Any]:
     """The tuned values of a trial's config."""
-    return {k: config[k] for k in ("rate", "hidden", "activation", "lr")}
+    return {name: config[name] for name in TUNED}
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 17 (id 15681fc8).
 def trial_params(config: dict[str, Any]) -> dict[str, Any]:
-    """A trial's config as notebook 04's training parameters: one hidden layer of ``hidden`` units, dropout ``rate``."""
-    return {**DEFAULT_PARAMS, "epochs": int(config["epochs"]), "lr": float(config["lr"]),
-            "hidden_sizes": [int(config["hidden"])], "dropout": float(config["rate"]),
-            "activation": config["activation"], "seed": int(config.get("seed", 0))}
+    """A trial's config as notebook 04's training parameters: 04's defaults, then the tuned values."""
+    return {**DEFAULT_PARAMS, **model_config(config), "epochs": int(config["epochs"]),
+            "seed": int(config.get("seed", 0))}
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 19 (id a2068ff2).
@@ -105,10 +105,12 @@ def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, r
     params = trial_params(config)
     torch.set_num_threads(1)
     torch.manual_seed(params["seed"])
+    x, y = torch.as_tensor(arrays["x_train"]), torch.as_tensor(arrays["y_train"], dtype=torch.int64)
+    size = params["batch_size_per_worker"]
     net = model_from_params(params)
     optimizer = make_optimizer(params["optimizer"], net.parameters(), params["lr"], params["momentum"])
-    x, y = torch.as_tensor(arrays["x_train"]), torch.as_tensor(arrays["y_train"], dtype=torch.int64)
-    generator, size = torch.Generator().manual_seed(params["seed"]), params["batch_size_per_worker"]
+    schedule = lr_schedule(optimizer, {**params, "steps_per_epoch": math.ceil(len(x) / size)})
+    generator = torch.Generator().manual_seed(params["seed"])
     for epoch in range(1, params["epochs"] + 1):  # epochs count from 1, as training_iteration does
         net.train()
         order, total = torch.randperm(len(x), generator=generator), 0.0
@@ -118,12 +120,14 @@ def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, r
             loss = nn.functional.nll_loss(net(x[rows]), y[rows])
             loss.backward()
             optimizer.step()
+            if schedule:
+                schedule.step()
             total += float(loss) * len(rows)
         metrics = {METRIC: accuracy(predict(net, arrays["x_val"]), arrays["y_val"]), "train_loss": total / len(x)}
         if client:
             client.log_batch(run_id, metrics=tracking.as_metrics(metrics, step=epoch))
         with tempfile.TemporaryDirectory() as folder:  # notebook 04's checkpoint format
-            torch.save(checkpoint_state(net, optimizer, epoch, [], params), Path(folder) / CHECKPOINT_FILE)
+            torch.save(checkpoint_state(net, optimizer, epoch, [], params, schedule), Path(folder) / CHECKPOINT_FILE)
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(folder))
 
 
@@ -135,11 +139,13 @@ def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     client, run_id = start_child_run(config, model_config(config))
+    params, workers = trial_params(config), int(config["num_workers"])
+    steps = math.ceil(datasets["train"].count() / workers / params["batch_size_per_worker"])  # per worker, per epoch
     trainer = TorchTrainer(
         train_func_per_worker,
-        train_loop_config={**trial_params(config), "validate": True, "torch_threads": 1,
+        train_loop_config={**params, "validate": True, "torch_threads": 1, "steps_per_epoch": steps,
                            "tracking_uri": config.get("tracking_uri"), "run_id": run_id},
-        scaling_config=ray.train.ScalingConfig(num_workers=int(config["num_workers"]),
+        scaling_config=ray.train.ScalingConfig(num_workers=workers,
                                                resources_per_worker={"CPU": float(config["cpus_per_worker"])}),
         run_config=ray.train.RunConfig(
             name=tune.get_context().get_trial_name(), storage_path=config["storage_path"],
@@ -158,7 +164,7 @@ def distributed_trial(config: dict[str, Any], datasets: dict[str, Any]) -> None:
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 25 (id 5f0562d4).
-def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurrent_trials: int,
+def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurrent: int,
                    cluster_cpus: float, storage_path: str) -> tuple[Any, dict[str, Any]]:
     """The trainable with its data and resources, and what it adds to the param space.
 
@@ -168,11 +174,11 @@ def make_trainable(arrays: dict[str, np.ndarray], num_workers: int, max_concurre
     import ray.data
 
     check_count("num_workers (0: one process per trial)", num_workers, 1024, minimum=0)
-    check_count("max_concurrent_trials", max_concurrent_trials, 1024)
+    check_count("max_concurrent", max_concurrent, 1024)
     if num_workers == 0:
-        cpus = max(0.5, min(1.0, cluster_cpus / max_concurrent_trials))
+        cpus = max(0.5, min(1.0, cluster_cpus / max_concurrent))
         return tune.with_resources(tune.with_parameters(objective, arrays=arrays), {"cpu": cpus}), {}
-    per_worker = worker_resources(num_workers * max_concurrent_trials, False, cluster_cpus)
+    per_worker = worker_resources(num_workers * max_concurrent, False, cluster_cpus)
     datasets = {name: ray.data.from_items([{"X": x, "y": int(label)} for x, label in
                                            zip(arrays[f"x_{part}"], arrays[f"y_{part}"], strict=True)]).materialize()
                 for name, part in (("train", "train"), ("validation", "val"))}
@@ -197,40 +203,46 @@ def make_searcher(name: str, points_to_evaluate: list[dict] | None, seed: int):
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 29 (id 60f6c936).
-def make_scheduler(name: str | None, epochs: int, grace_period: int = 1, reduction_factor: int = 2):
-    """``"asha"`` (stop the worse trials at each rung) or None (every trial runs all epochs)."""
+def warmup_epochs(epochs: int) -> int:
+    """The epochs of a trial's one-cycle warm-up (its first 30%, rounded up): ASHA judges no trial before they end."""
+    return max(1, math.ceil(0.3 * epochs))
+
+
+# From notebooks/05_tune_sweeps.ipynb, cell 31 (id 3ccfa0c5).
+def make_scheduler(name: str | None, epochs: int, reduction_factor: int = 2):
+    """``"asha"`` (stop the worse trials at each rung, the first after the warm-up) or None (all run all epochs)."""
     if name in (None, "", "none"):
         return None
     if name == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        return ASHAScheduler(metric=METRIC, mode=MODE, max_t=epochs, grace_period=grace_period,
+        return ASHAScheduler(metric=METRIC, mode=MODE, max_t=epochs, grace_period=warmup_epochs(epochs),
                              reduction_factor=reduction_factor)
     raise ParameterError(f"scheduler must be 'asha' or None, not {name!r}.")
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 31 (id 7cae0db3).
-def asha_rungs(epochs: int, grace_period: int = 1, reduction_factor: int = 2) -> list[int]:
-    """The epochs at which ASHA compares trials: ``grace_period * reduction_factor**k`` below ``epochs``."""
-    rungs, rung = [], grace_period
+# From notebooks/05_tune_sweeps.ipynb, cell 33 (id 7cae0db3).
+def asha_rungs(epochs: int, reduction_factor: int = 2) -> list[int]:
+    """The epochs at which ASHA compares trials: the warm-up's end times ``reduction_factor**k``, below ``epochs``."""
+    rungs, rung = [], warmup_epochs(epochs)
     while rung < epochs:
         rungs.append(rung)
         rung *= reduction_factor
     return rungs
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 34 (id 0716d970).
+# From notebooks/05_tune_sweeps.ipynb, cell 36 (id 0716d970).
 def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, num_samples: int,
-               max_concurrent_trials: int, name: str, storage_path: str, settings: Settings | None = None):
+               max_concurrent: int, name: str, storage_path: str, settings: Settings | None = None):
     """A ``tune.Tuner`` over ``param_space`` with results and checkpoints in the object store (notebook 05)."""
     check_count("num_samples", num_samples, 100_000)
-    check_count("max_concurrent_trials", max_concurrent_trials, 1024)
+    check_count("max_concurrent", max_concurrent, 1024)
     return tune.Tuner(
         trainable,
         param_space=param_space,
         tune_config=tune.TuneConfig(
             search_alg=search_alg, scheduler=scheduler, num_samples=num_samples,
-            max_concurrent_trials=max_concurrent_trials,
+            max_concurrent_trials=max_concurrent,
             reuse_actors=True,  # a trial reuses a finished trial's process
         ),
         run_config=tune.RunConfig(
@@ -241,7 +253,7 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
     )
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 42 (id f6e1126c).
+# From notebooks/05_tune_sweeps.ipynb, cell 46 (id f6e1126c).
 def best_checkpoint(result):
     """The best checkpoint of a trial: Tune's own, or the Ray Train checkpoint path it reported."""
     import ray.train
@@ -254,7 +266,7 @@ def best_checkpoint(result):
     return ray.train.Checkpoint(path, filesystem=s3_filesystem())
 
 
-# From notebooks/05_tune_sweeps.ipynb, cell 44 (id cc1f87a8).
+# From notebooks/05_tune_sweeps.ipynb, cell 48 (id cc1f87a8).
 def child_runs(uri: str, parent_run_id: str) -> list[Any]:
     """The MLflow runs whose parent is ``parent_run_id`` (one per trial)."""
     from mlflow.tracking import MlflowClient

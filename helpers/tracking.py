@@ -55,9 +55,29 @@ def end_status(error: BaseException | None) -> str:
 
     A clean exit (``SystemExit(0)``, which is how Ray Tune stops a trial its scheduler cut short) is FINISHED.
     """
+    from helpers.interrupts import Interrupted
+
     if error is None or (isinstance(error, SystemExit) and error.code in (0, None)):
         return "FINISHED"
-    return "FAILED" if isinstance(error, Exception) else "KILLED"
+    return "FAILED" if isinstance(error, Exception) and not isinstance(error, Interrupted) else "KILLED"
+
+
+@contextlib.contextmanager
+def run_status(client, run_id: str | None):
+    """Mark run ``run_id`` RUNNING for the block; if the block stops it, KILLED (an interrupt) or FAILED (an error).
+
+    A run is never left RUNNING by a block that did not finish, and running the block again (a resumed
+    training) marks it RUNNING again. A block that ends normally leaves the run RUNNING: the code after it
+    logs more and ends it. An object-store outage also tags it for :func:`interrupted_run`.
+    """
+    if client is not None and run_id:
+        with contextlib.suppress(Exception):  # tracking gone: said elsewhere, and never stops the work
+            client.update_run(run_id, status="RUNNING")
+    try:
+        yield
+    except BaseException as error:
+        end_run(client, run_id, error)
+        raise
 
 
 RESUMABLE_TAG = "resume_after_outage"  # on a run an object-store outage stopped: the next one resumes it
@@ -190,26 +210,32 @@ def backfill_epochs(client, run_id: str, history: list[Mapping[str, Any]], keys:
 
 
 GIT_COMMIT_TAG = "mlflow.source.git.commit"  # MLflow's own tag for the code version
+GIT_DIRTY_TAG = "git.dirty"  # "true" when the working tree held changes the commit does not
+GIT_DIFF_TAG = "git.diff_sha256"  # a hash of those changes, so two dirty runs can be told apart
 
 
 def git_commit() -> str | None:
     """The commit of the repository this code runs from (None outside a git checkout)."""
-    import subprocess
+    from helpers import code_version
 
-    from helpers.config import project_root
-
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True, text=True,
-                             timeout=5).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return sha if len(sha) == 40 else None
+    state = code_version.current()
+    return state.commit if state else None
 
 
 def lineage_tags() -> dict[str, str]:
-    """``{"mlflow.source.git.commit": <sha>}`` for the repository this code runs from ({} outside a git checkout)."""
-    commit = git_commit()
-    return {GIT_COMMIT_TAG: commit} if commit else {}
+    """The code a run ran: the git commit, whether the tree had changes, and their hash ({} outside a checkout).
+
+    Changes to notebooks' outputs alone are not changes of the code (:mod:`helpers.code_version`).
+    """
+    from helpers import code_version
+
+    state = code_version.current()
+    if state is None:
+        return {}
+    tags = {GIT_COMMIT_TAG: state.commit, GIT_DIRTY_TAG: str(state.dirty).lower()}
+    if state.dirty:
+        tags[GIT_DIFF_TAG] = state.diff_sha256
+    return tags
 
 
 def run_url(uri: str, experiment: str, run_id: str) -> str:

@@ -2,13 +2,10 @@
 
 Lesson 04 · Distributed training with Ray Train, tracked in MLflow. Above each definition, the cell that teaches it.
 """
-import contextlib
 import io
 import json
 import math
-import signal
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -90,38 +87,50 @@ def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dro
 
 CHECKPOINT_FILE = "checkpoint.pt"  # one name for saving and loading (the original article used two)
 DEFAULT_PARAMS: dict[str, Any] = {
-    "epochs": 3, "lr": 0.05, "momentum": 0.9, "optimizer": "sgd", "model": "mlp", "hidden_sizes": [128, 64],
-    "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0, "cache_shard": False,
+    "epochs": 10, "lr": 0.003, "momentum": 0.9, "optimizer": "adam", "lr_schedule": "onecycle", "model": "mlp",
+    "hidden_sizes": [256, 128], "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0,
+    "cache_shard": False,
 }
 MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")  # what rebuilds the network
 
 
 # From notebooks/04_distributed_training.ipynb, cell 17 (id 66df3bd2).
-def make_optimizer(name: str, parameters, lr: float, momentum: float) -> torch.optim.Optimizer:
-    """``"sgd"`` (with momentum, as the original article) or ``"adam"``."""
-    if name == "sgd":
-        return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+def make_optimizer(name: str, parameters, lr: float, momentum: float = 0.9) -> torch.optim.Optimizer:
+    """``"adam"``, or ``"sgd"`` with momentum (the original article's)."""
     if name == "adam":
         return torch.optim.Adam(parameters, lr=lr)
-    raise ParameterError(f"optimizer must be 'sgd' or 'adam', not {name!r}.")
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr, momentum=momentum)
+    raise ParameterError(f"optimizer must be 'adam' or 'sgd', not {name!r}.")
 
 
-# From notebooks/04_distributed_training.ipynb, cell 19 (id c542dca2).
+# From notebooks/04_distributed_training.ipynb, cell 19 (id 8ceeeaed).
+def lr_schedule(optimizer: torch.optim.Optimizer, config: dict[str, Any]):
+    """A one-cycle learning-rate schedule stepped once per batch, or None (``lr_schedule="none"``: a fixed rate)."""
+    if config.get("lr_schedule", "onecycle") == "none":
+        return None
+    return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=config["lr"], epochs=int(config["epochs"]),
+                                               steps_per_epoch=int(config["steps_per_epoch"]))
+
+
+# From notebooks/04_distributed_training.ipynb, cell 21 (id c542dca2).
 def model_from_params(params: dict[str, Any]) -> nn.Module:
     """A fresh model built from the training parameters (those in ``MODEL_KEYS``)."""
     return build_model(params.get("model", "mlp"), params.get("hidden_sizes", (128, 64)),
                        params.get("dropout", 0.0), params.get("activation", "relu"))
 
 
-# From notebooks/04_distributed_training.ipynb, cell 21 (id 576f0a63).
-def checkpoint_state(net: nn.Module, optimizer, epoch: int, history: list, params: dict[str, Any]) -> dict[str, Any]:
+# From notebooks/04_distributed_training.ipynb, cell 23 (id 576f0a63).
+def checkpoint_state(net: nn.Module, optimizer, epoch: int, history: list, params: dict[str, Any],
+                     schedule=None) -> dict[str, Any]:
     """What every checkpoint holds (04's runs, 05's trials, 06's experiments): plain tensors and numbers."""
     module = net.module if hasattr(net, "module") else net  # the model inside Ray Train's parallel wrapper
     return {"model": module.state_dict(), "optimizer": optimizer.state_dict() if optimizer else None,
-            "epoch": epoch, "history": history, "params": {k: params[k] for k in MODEL_KEYS if k in params}}
+            "schedule": schedule.state_dict() if schedule else None, "epoch": epoch, "history": history,
+            "params": {k: params[k] for k in MODEL_KEYS if k in params}}
 
 
-# From notebooks/04_distributed_training.ipynb, cell 23 (id b7f8ffd7).
+# From notebooks/04_distributed_training.ipynb, cell 25 (id b7f8ffd7).
 def load_checkpoint(source) -> tuple[nn.Module, dict[str, Any]]:
     """The model, ready for inference, and the saved state, from a Ray ``Checkpoint``, a file path or bytes."""
     if isinstance(source, ray.train.Checkpoint):
@@ -134,7 +143,7 @@ def load_checkpoint(source) -> tuple[nn.Module, dict[str, Any]]:
     return net.eval(), state
 
 
-# From notebooks/04_distributed_training.ipynb, cell 25 (id b1d57811).
+# From notebooks/04_distributed_training.ipynb, cell 27 (id b1d57811).
 def worker_mlflow_client(config: dict[str, Any], rank: int):
     """An ``MlflowClient`` for rank 0 when the config names a run and the server answers, else None."""
     from mlflow.tracking import MlflowClient
@@ -151,7 +160,7 @@ def worker_mlflow_client(config: dict[str, Any], rank: int):
 TRACKED = ("train_loss", "train_accuracy", "val_accuracy")  # what a worker logs to MLflow per epoch
 
 
-# From notebooks/04_distributed_training.ipynb, cell 27 (id df878946).
+# From notebooks/04_distributed_training.ipynb, cell 29 (id df878946).
 def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
     """Log the tracked metrics of history ``rows`` into run ``run_id`` in one call; False (and one line) on failure."""
     from mlflow.entities import Metric
@@ -166,7 +175,7 @@ def log_epochs(mlflow_client, run_id: str, rows: list[dict[str, Any]]) -> bool:
         return False
 
 
-# From notebooks/04_distributed_training.ipynb, cell 29 (id 7b52009b).
+# From notebooks/04_distributed_training.ipynb, cell 31 (id 7b52009b).
 def all_reduce_sum(values: list[float]) -> torch.Tensor:
     """Sum ``values`` over all workers, on this worker's device (as they are outside Ray Train)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -176,7 +185,7 @@ def all_reduce_sum(values: list[float]) -> torch.Tensor:
     return tensor
 
 
-# From notebooks/04_distributed_training.ipynb, cell 31 (id ad1d2538).
+# From notebooks/04_distributed_training.ipynb, cell 33 (id ad1d2538).
 @torch.no_grad()
 def validate(net: nn.Module) -> float:
     """Accuracy on this worker's ``"validation"`` shard, all-reduced over the workers; then back to training mode."""
@@ -190,9 +199,9 @@ def validate(net: nn.Module) -> float:
     return correct / max(count, 1)
 
 
-# From notebooks/04_distributed_training.ipynb, cell 33 (id 5b276ab9).
-def resume(checkpoint, net: nn.Module, optimizer, mlflow_client, run_id: str | None) -> tuple[int, list, int]:
-    """After a failure: the checkpoint's weights and optimizer state put back.
+# From notebooks/04_distributed_training.ipynb, cell 35 (id 5b276ab9).
+def resume(checkpoint, net: nn.Module, optimizer, schedule, mlflow_client, run_id: str | None) -> tuple[int, list, int]:
+    """After a failure: the checkpoint's weights, optimizer and schedule state put back.
 
     Returns the next epoch, the history, and the last epoch MLflow holds (the epochs since the checkpoint run
     again but are not logged twice).
@@ -200,19 +209,38 @@ def resume(checkpoint, net: nn.Module, optimizer, mlflow_client, run_id: str | N
     _, state = load_checkpoint(checkpoint)
     (net.module if hasattr(net, "module") else net).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
+    if schedule and state.get("schedule"):
+        schedule.load_state_dict(state["schedule"])
     history = state["history"]
     history[-1]["resumed_from_here"] = history[-1].get("resumed_from_here", 0) + 1  # where a restart began
     logged = tracking.backfill_epochs(mlflow_client, run_id, history, TRACKED) if mlflow_client else state["epoch"]
     return state["epoch"] + 1, history, logged
 
 
-# From notebooks/04_distributed_training.ipynb, cell 35 (id c086a405).
+# From notebooks/04_distributed_training.ipynb, cell 37 (id c086a405).
 def checkpoint_due(epoch: int, config: dict[str, Any]) -> bool:
     """Whether ``epoch`` ends with a checkpoint: every ``checkpoint_every`` epochs, and always the last."""
     return epoch % int(config.get("checkpoint_every", 1)) == 0 or epoch == int(config["epochs"])
 
 
-# From notebooks/04_distributed_training.ipynb, cell 37 (id 34fee604).
+# From notebooks/04_distributed_training.ipynb, cell 39 (id 38b021c7).
+def train_epoch(net: nn.Module, optimizer, schedule, batches) -> list[float]:
+    """One pass over ``batches``, a step each; this worker's ``[loss sum, correct, images]``."""
+    loss_sum = correct = count = 0.0
+    for batch in batches:
+        optimizer.zero_grad()
+        output = net(batch["X"])
+        loss = nn.functional.nll_loss(output, batch["y"], reduction="sum")
+        (loss / len(batch["y"])).backward()  # the gradient of the batch mean
+        optimizer.step()
+        if schedule:
+            schedule.step()  # one-cycle: the rate moves every batch
+        loss_sum, count = loss_sum + float(loss), count + len(batch["y"])
+        correct += float((output.argmax(dim=1) == batch["y"]).sum())
+    return [loss_sum, correct, count]
+
+
+# From notebooks/04_distributed_training.ipynb, cell 41 (id 34fee604).
 def train_func_per_worker(config: dict[str, Any]) -> None:
     """The loop Ray Train runs in every worker: train on this worker's shard, report every epoch, checkpoint."""
     torch.set_num_threads(config["torch_threads"])
@@ -220,41 +248,37 @@ def train_func_per_worker(config: dict[str, Any]) -> None:
     rank = ray.train.get_context().get_world_rank()
     net = prepare_model(model_from_params(config))  # wrapped for data parallelism
     optimizer = make_optimizer(config["optimizer"], net.parameters(), config["lr"], config["momentum"])
+    schedule = lr_schedule(optimizer, config)
     run_id, mlflow_client = config.get("run_id"), worker_mlflow_client(config, rank)
     start_epoch, history, logged_through = 1, [], 0
     if ray.train.get_checkpoint():  # a restart after a failure: go on from the last checkpoint
-        start_epoch, history, logged_through = resume(ray.train.get_checkpoint(), net, optimizer, mlflow_client, run_id)
+        start_epoch, history, logged_through = resume(ray.train.get_checkpoint(), net, optimizer, schedule,
+                                                      mlflow_client, run_id)
     shard, cache = ray.train.get_dataset_shard("train"), ShardCache(config)
     for epoch in range(start_epoch, config["epochs"] + 1):
         maybe_fail(config, epoch, rank)  # does nothing unless the config asks for a fault (fail_at_epoch)
-        loss_sum, correct, count, started = 0.0, 0.0, 0.0, time.perf_counter()
+        started = time.perf_counter()
         batches = shard.iter_torch_batches(batch_size=config["batch_size_per_worker"], local_shuffle_buffer_size=2000,
                                            local_shuffle_seed=config["seed"] + epoch)  # on get_device() (03's X, y)
-        for batch in cache.epoch(batches, config["seed"] + epoch):  # from memory after the first epoch if cached
-            optimizer.zero_grad()
-            output = net(batch["X"])
-            loss = nn.functional.nll_loss(output, batch["y"], reduction="sum")
-            (loss / len(batch["y"])).backward()  # the gradient of the batch mean
-            optimizer.step()
-            loss_sum, count = loss_sum + float(loss), count + len(batch["y"])
-            correct += float((output.argmax(dim=1) == batch["y"]).sum())
-        loss_sum, correct, count = all_reduce_sum([loss_sum, correct, count]).tolist()  # all workers
+        sums = train_epoch(net, optimizer, schedule, cache.epoch(batches, config["seed"] + epoch))  # cached: memory
+        loss_sum, correct, count = all_reduce_sum(sums).tolist()  # all workers
         metrics = {"train_loss": loss_sum / count, "train_accuracy": correct / count, "samples": count,
                    "epoch_seconds": time.perf_counter() - started}
-        if config.get("validate"):  # "mean_accuracy" is what notebook 05's sweeps optimise
-            metrics["val_accuracy"] = metrics["mean_accuracy"] = validate(net)
+        if config.get("validate"):  # what notebook 05's sweeps optimise
+            metrics["val_accuracy"] = validate(net)
         history.append({"epoch": epoch, **metrics})
         with tempfile.TemporaryDirectory() as folder:  # a fresh folder for every checkpoint
             checkpoint = None
             if rank == 0 and checkpoint_due(epoch, config):
-                torch.save(checkpoint_state(net, optimizer, epoch, history, config), Path(folder) / CHECKPOINT_FILE)
+                torch.save(checkpoint_state(net, optimizer, epoch, history, config, schedule),
+                           Path(folder) / CHECKPOINT_FILE)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report({**metrics, "epoch": epoch}, checkpoint=checkpoint)
         if mlflow_client and epoch > logged_through:  # each epoch once, also across a resume
             mlflow_client = mlflow_client if log_epochs(mlflow_client, run_id, [history[-1]]) else None
 
 
-# From notebooks/04_distributed_training.ipynb, cell 39 (id fa35e192).
+# From notebooks/04_distributed_training.ipynb, cell 43 (id fa35e192).
 def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> dict[str, float]:
     """CPUs per training worker that leave one CPU for Ray Data and the Train controller."""
     if use_gpu:
@@ -263,13 +287,13 @@ def worker_resources(num_workers: int, use_gpu: bool, cluster_cpus: float) -> di
     return {"CPU": min(1.0, math.floor(spare / num_workers * 100) / 100)}
 
 
-# From notebooks/04_distributed_training.ipynb, cell 41 (id 18b031fe).
+# From notebooks/04_distributed_training.ipynb, cell 45 (id 18b031fe).
 def unique_run_name(prefix: str = "train") -> str:
     """A run name no earlier run has used: reusing one makes Ray Train resume that run."""
     return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-# From notebooks/04_distributed_training.ipynb, cell 43 (id de8d2dbc).
+# From notebooks/04_distributed_training.ipynb, cell 47 (id de8d2dbc).
 def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: int, run_name: str,
                  storage_path: str, use_gpu: bool = False, max_failures: int = 2, cluster_cpus: float = 2.0,
                  settings: Settings | None = None) -> TorchTrainer:
@@ -280,10 +304,14 @@ def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: 
     if use_gpu:
         require_gpus(num_workers)  # without them Ray would wait for ever
     resources = worker_resources(num_workers, use_gpu, cluster_cpus)
+    config = {**DEFAULT_PARAMS, "torch_threads": max(1, int(resources["CPU"])), **config}
+    steps = math.ceil(datasets["train"].count() / num_workers / config["batch_size_per_worker"])  # per worker
+    config.setdefault("steps_per_epoch", steps)  # what the one-cycle schedule needs
     return TorchTrainer(
         train_func_per_worker,
-        train_loop_config={**DEFAULT_PARAMS, "torch_threads": max(1, int(resources["CPU"])), **config},
-        datasets=datasets,
+        train_loop_config=config,
+        datasets=datasets,  # split into one shard per worker; a single worker reads it whole, with no split actor
+        dataset_config=ray.train.DataConfig(datasets_to_split="all" if num_workers > 1 else []),
         # Scaling config
         scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                                resources_per_worker=resources),
@@ -298,7 +326,7 @@ def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: 
     )
 
 
-# From notebooks/04_distributed_training.ipynb, cell 45 (id 1574bddb).
+# From notebooks/04_distributed_training.ipynb, cell 49 (id 1574bddb).
 def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: int, context: str,
                 tags: dict[str, str] | None = None) -> None:
     """Log a dataset input (its source URI and object count, not the data) into run ``run_id`` (notebooks 04-06)."""
@@ -322,25 +350,7 @@ def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: i
             time.sleep(0.2 * (attempt + 1))
 
 
-# From notebooks/04_distributed_training.ipynb, cell 48 (id 181e1f46).
-@contextlib.contextmanager
-def interrupt_handler_restored():
-    """Put back the process's Ctrl-C (SIGINT) handler when the block ends.
-
-    Ray Train's ``TorchTrainer.fit()`` and Ray Tune's ``Tuner.fit()`` install their own handler, to stop a run
-    gracefully, and leave it installed after they return: a later interrupt would then not raise
-    ``KeyboardInterrupt``. Only the main thread can set handlers; elsewhere this does nothing.
-    """
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGINT) if main else None
-    try:
-        yield
-    finally:
-        if previous is not None:  # None: a handler not set from Python, which cannot be put back
-            signal.signal(signal.SIGINT, previous)
-
-
-# From notebooks/04_distributed_training.ipynb, cell 55 (id e357d8e4).
+# From notebooks/04_distributed_training.ipynb, cell 58 (id e357d8e4).
 def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0, timeout: float = 3.0) -> None:
     """Log one metric with MLflow's REST API, as the original article did; a refusal raises ``RuntimeError``."""
     body = json.dumps({"run_id": run_id, "key": key, "value": float(value), "step": int(step),
@@ -354,7 +364,7 @@ def log_metric_rest(uri: str, run_id: str, key: str, value: float, step: int = 0
         raise RuntimeError(f"MLflow refused the metric {key!r}: HTTP {err.code} {err.read()[:200]!r}") from None
 
 
-# From notebooks/04_distributed_training.ipynb, cell 59 (id 080239ec).
+# From notebooks/04_distributed_training.ipynb, cell 62 (id 080239ec).
 @torch.no_grad()
 def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
     """Predicted class of every image, in vectorised batches (no per-image loop)."""
@@ -364,14 +374,14 @@ def predict(model: nn.Module, images, batch_size: int = 2000) -> np.ndarray:
     return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
 
 
-# From notebooks/04_distributed_training.ipynb, cell 61 (id 6d600f3a).
+# From notebooks/04_distributed_training.ipynb, cell 64 (id 6d600f3a).
 def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
     """Fraction of predictions equal to the labels."""
     labels = np.asarray(labels)
     return float((np.asarray(predictions) == labels).mean()) if len(labels) else 0.0
 
 
-# From notebooks/04_distributed_training.ipynb, cell 63 (id 0e6ac1f5).
+# From notebooks/04_distributed_training.ipynb, cell 66 (id 0e6ac1f5).
 def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int = 10) -> np.ndarray:
     """``[true, predicted]`` counts."""
     matrix = np.zeros((classes, classes), dtype=np.int64)
@@ -379,7 +389,7 @@ def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int =
     return matrix
 
 
-# From notebooks/04_distributed_training.ipynb, cell 66 (id 7719a1c7).
+# From notebooks/04_distributed_training.ipynb, cell 70 (id 7719a1c7).
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):
     """Log ``net`` as an MLflow PyTorch model (signature and input example from ``example``) in the active run."""
     import mlflow

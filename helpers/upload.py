@@ -20,7 +20,7 @@ from helpers.notebook import progress_bar
 from helpers.storage import (check_bucket_name, ensure_bucket, get_client, image_keys, object_store_errors,
                              smoke_sizes)
 from helpers.upload_support import (append_object_id, check_one_format, damaged_keys, finish_append,
-                                    manifest_objects, raise_interrupted, start_or_resume_append)
+                                    manifest_covers, manifest_objects, raise_interrupted, start_or_resume_append)
 
 
 # From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
@@ -68,7 +68,7 @@ def image_bytes(split: str, index: int, image_format: str = "png") -> bytes:
 
 # From notebooks/01_upload_mnist.ipynb, cell 23 (id e35b63ba).
 def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]], image_format: str = "png",
-                   max_workers: int = 16, progress: bool = True) -> None:
+                   threads: int = 16, progress: bool = True) -> None:
     """PUT every ``(key, split, index)`` of ``items`` with a thread pool (notebook 01).
 
     A failure raises ``StorageError`` saying how many finished and to run the call again.
@@ -78,10 +78,10 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         body = image_bytes(split, index, image_format)
         client.put_object(bucket, key, io.BytesIO(body), len(body), content_type=f"image/{image_format}")
 
-    check_count("max_workers", max_workers, 256)
+    check_count("threads", threads, 256)
     done = 0
     bar = progress_bar(total=len(items), desc=f"upload to {bucket}", unit="obj", disable=not progress)
-    pool = ThreadPoolExecutor(max_workers=max_workers)
+    pool = ThreadPoolExecutor(max_workers=threads)
     try:
         pending = {pool.submit(put, item) for item in items}
         while pending:
@@ -135,6 +135,9 @@ class UploadReport:
         return self.uploaded / self.seconds if self.seconds else 0.0
 
     def __str__(self) -> str:
+        if self.mode == "manifest":
+            return (f"Nothing to upload: the manifest of bucket '{self.bucket}' names all {self.planned:,} objects "
+                    "(verify=True checks each one).")
         if self.uploaded == 0:
             return (f"Nothing to upload: all {self.planned:,} objects are already in bucket "
                     f"'{self.bucket}' ({self.mode} mode).")
@@ -155,21 +158,25 @@ def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
 
 # From notebooks/01_upload_mnist.ipynb, cell 34 (id ea6a6880).
 def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png", append: bool = False,
-                 max_workers: int = 16, client: Minio | None = None, progress: bool = True) -> UploadReport:
+                 threads: int = 16, client: Minio | None = None, progress: bool = True,
+                 verify: bool = True) -> UploadReport:
     """Upload MNIST, one image per object, in parallel; idempotent and resumable (notebook 01).
 
-    ``smoke_test_size`` training images (0: all 60,000) and a sixth as many test images go to ``bucket``
-    (created if missing) as ``image_format`` ("png" or "jpeg"). Only what is missing or damaged is sent;
-    ``append=True`` adds a new round of objects instead. A bad argument raises ``ParameterError``, an
-    unreachable store or an interrupted upload ``StorageError``.
+    ``smoke_test_size`` training images (0: all 60,000) and a sixth as many test images go to ``bucket`` as
+    ``image_format``. Only what is missing or damaged is sent; ``append=True`` adds a new round instead;
+    ``verify=False`` trusts a manifest naming every planned key. Raises ``ParameterError``, ``StorageError``.
     """
     image_format = "jpeg" if image_format == "jpg" else image_format
     encode_image(np.zeros((28, 28), np.uint8), image_format)  # checks the format up front
     smoke_sizes(smoke_test_size)
     check_bucket_name(bucket)
-    check_count("max_workers", max_workers, 256)
-    client = client or get_client(max_connections=max_workers)
+    check_count("threads", threads, 256)
+    client = client or get_client(max_connections=threads)
     ensure_bucket(client, bucket)  # also the connection and credentials check
+    covered = 0 if verify or append else manifest_covers(client, bucket, MANIFEST_KEY,
+                                                          plan_keys(smoke_test_size, image_format))
+    if covered:  # the manifest names every planned key: one GET, nothing listed or encoded
+        return UploadReport(bucket, covered, 0, covered, 0.0, "manifest")
     append_round, new_round = None, False
     if append:  # a new round, or the one an interrupted call left unfinished
         append_round, smoke_test_size, image_format, new_round = start_or_resume_append(
@@ -182,7 +189,7 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
     missing = [item for item in plan if item[0] not in existing or item[0] in damaged]
     started = time.perf_counter()
     if missing:
-        upload_objects(client, bucket, missing, image_format, max_workers, progress)
+        upload_objects(client, bucket, missing, image_format, threads, progress)
     seconds = time.perf_counter() - started
     write_manifest(client, bucket, sorted(set(existing) | {key for key, _, _ in plan}))
     if append:

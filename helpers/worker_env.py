@@ -47,6 +47,12 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
 # Train would send them to its actors in a runtime_env, costing each a new worker process.
 LOCAL_RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
+# Floating-point results that do not depend on the machine's vector instructions: Intel MKL (PyTorch's BLAS on
+# x86) and PyTorch's own kernels would otherwise pick AVX-512 paths where the CPU has them, whose sums round
+# differently from AVX2's, and a seeded training run would end one test image apart on another machine. Set
+# where outputs are compared with committed ones (the tests, `make notebooks`), inherited by the stack's Ray.
+REPRODUCIBLE_NUMERICS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
 WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
                    "S3_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")

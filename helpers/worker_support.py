@@ -24,7 +24,8 @@ import torch
 from helpers.config import ParameterError, check_count, check_fraction, check_positive
 
 MODELS = ("mlp", "cnn")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("adam", "sgd")
+LR_SCHEDULES = ("onecycle", "none")
 ACTIVATION_NAMES = ("relu", "tanh")
 
 
@@ -46,16 +47,17 @@ def check_params(params: Mapping[str, Any]) -> Mapping[str, Any]:
     check_count("seed", params.get("seed", 0), 2**32 - 1, minimum=0)
     if not isinstance(params.get("cache_shard", False), bool):
         raise ParameterError(f"cache_shard must be True or False, not {params['cache_shard']!r}.")
-    hidden = params.get("hidden_sizes", (128, 64))
+    hidden = params.get("hidden_sizes", (256, 128))
     if isinstance(hidden, (str, bytes)) or not hasattr(hidden, "__len__") or not len(hidden):
-        raise ParameterError(f"hidden_sizes must be a list of layer widths such as [128, 64], not {hidden!r}.")
+        raise ParameterError(f"hidden_sizes must be a list of layer widths such as [256, 128], not {hidden!r}.")
     for width in hidden:
         check_count("each of hidden_sizes", width, 100_000)
     dropout = params.get("dropout", 0.0)
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0.0 <= dropout < 1.0:
         raise ParameterError(f"dropout must be a number in [0, 1), not {dropout!r}.")
     _one_of("model", params.get("model", "mlp"), MODELS)
-    _one_of("optimizer", params.get("optimizer", "sgd"), OPTIMIZERS)
+    _one_of("optimizer", params.get("optimizer", "adam"), OPTIMIZERS)
+    _one_of("lr_schedule", params.get("lr_schedule", "onecycle"), LR_SCHEDULES)
     _one_of("activation", params.get("activation", "relu"), ACTIVATION_NAMES)
     return params
 

@@ -153,18 +153,22 @@ def test_summary_facts_are_read_from_the_cell_tagged_summary(tmp_path):
     assert common.summary_facts(path) == {}
 
 
-def test_each_ray_notebook_is_judged_against_its_own_floor():
-    def row(number, seconds, **parts):
-        return {"notebook": number, "status": ["ok"], "seconds": seconds, "breakdown_seconds": parts}
+def test_each_ray_notebook_is_judged_against_its_own_floor_every_start_counted():
+    def row(number, seconds, fits=0, actors=0, tasks=0, **parts):
+        return {"notebook": number, "status": ["ok"], "seconds": seconds, "breakdown_seconds": parts, "fits": fits,
+                "pipelines": {"actors": actors, "tasks": tasks}}
 
     summary = [row("02", 2.0, **{"kernel start + imports": 1.0}),  # no Ray: no floor
-               row("03", 20.0, **{"kernel start + imports": 3.0, "ray start": 2.0}),
-               row("04", 33.0, **{"kernel start + imports": 1.0, "ray start": 0.0})]
-    floors = bench_smoke.floors(summary, empty_fit_seconds=10.0)
-    assert set(floors) == {"03", "04"}
-    assert floors["03"]["floor"] == 5.0 and floors["03"]["multiple"] == 4.0 and floors["03"]["met"]
-    assert floors["04"]["floor"] == 11.0 and floors["04"]["multiple"] == 3.0 and floors["04"]["met"]
-    assert not bench_smoke.floors([row("04", 33.1, **{"ray start": 1.0})], 10.0)["04"]["met"]
+               row("03", 24.0, actors=4, tasks=3, **{"kernel start + imports": 2.5, "ray start": 0.5}),
+               row("04", 33.0, fits=1, actors=1, tasks=2, **{"kernel start + imports": 1.0, "ray start": 1.0}),
+               row("07", 40.0, actors=2, tasks=3, **{"kernel start + imports": 1.0, "ray start": 1.0})]
+    floors = bench_smoke.floors(summary, empty_fit_seconds=10.0, empty_pipeline_seconds=2.0,
+                                empty_task_pipeline_seconds=0.5)
+    assert set(floors) == {"03", "04", "07"}
+    assert floors["03"]["floor_each_start"] == 3.0 + 4 * 2.0 + 3 * 0.5 and floors["03"]["met"]  # 24 / 12.5
+    assert floors["04"]["floor_each_start"] == 2.0 + 10.0 + 2.0 + 1.0 and not floors["04"]["met"]  # 33 / 15
+    assert floors["04"]["multiple_each_start"] == round(33 / 15, 2) and floors["04"]["target"] == 2.0
+    assert floors["07"]["floor_each_start"] == 2.0 + 4.0 + 1.5 and not floors["07"]["met"]
 
 
 def test_the_scale_benchmark_reports_cost_per_object_and_memory_against_the_pointers():
@@ -189,18 +193,16 @@ def test_the_scale_benchmark_reports_cost_per_object_and_memory_against_the_poin
     assert memory["growth_over_pointer_objects"] == 2.0  # 200 bytes of RSS per pointer of 100
 
 
-def test_the_floor_counting_each_start_adds_every_fit_and_every_timed_pipeline():
-    summary = [{"notebook": "03", "status": ["ok"], "seconds": 24.0, "fits": 0,
-                "breakdown_seconds": {"kernel start + imports": 2.5, "ray start": 0.5, "tasks": 2.0, "actors": 4.0},
-                "breakdown_counts": {"kernel start + imports": 1, "ray start": 1, "tasks": 1, "actors": 2}},
-               {"notebook": "04", "status": ["ok"], "seconds": 42.0, "fits": 2,
-                "breakdown_seconds": {"kernel start + imports": 1.0, "ray start": 1.0, "training": 18.0},
-                "breakdown_counts": {"kernel start + imports": 1, "ray start": 1, "training": 1}}]
-    floors = bench_smoke.floors(summary, empty_fit_seconds=10.0, empty_pipeline_seconds=2.0)
-    assert floors["03"]["pipelines"] == 3 and floors["03"]["floor_each_start"] == 9.0  # 3 + 3 x 2
-    assert floors["03"]["floor"] == 3.0 and floors["03"]["multiple"] == 8.0 and not floors["03"]["met"]
-    assert floors["04"]["fits"] == 2 and floors["04"]["floor_each_start"] == 22.0  # 2 + 2 x 10, not 2 + 10
-    assert floors["04"]["floor"] == 12.0 and floors["04"]["multiple_each_start"] == round(42 / 22, 2)
+def test_pipelines_are_counted_from_ray_data_s_executions_and_told_apart_by_their_actors():
+    executions = [{"start_time": 10.0, "end_time": 12.0},  # started a pool of actors
+                  {"start_time": 13.0, "end_time": 13.5},  # tasks only
+                  {"start_time": 20.0, "end_time": None},  # still running at the end: tasks
+                  {"start_time": 5.0, "end_time": 6.0}]  # before the notebook began
+    actors = [{"ActorClassName": "_MapWorker", "StartTime": 10_400}, {"ActorClassName": "_MapWorker",
+                                                                        "StartTime": 10_600},
+              {"ActorClassName": "TrainController", "StartTime": 13_100}, {"ActorClassName": "_MapWorker",
+                                                                           "StartTime": 5_500}]
+    assert bench_smoke.pipelines_run(executions, actors, began=9.0, ended=25.0) == {"actors": 1, "tasks": 2}
 
 
 def test_fits_are_counted_from_the_train_controllers_that_started_in_the_window():

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from helpers import ray_service, stack
@@ -227,11 +228,17 @@ def check_run(page, path: Path) -> None:
     diagrams = sum("".join(c["source"]).count("```mermaid") for c in cells if c["cell_type"] == "markdown")
     assert page.locator(".jp-RenderedMermaid.jp-mod-warning").count() == 0, f"{path.name}: a diagram did not parse"
     assert page.locator(".jp-RenderedMermaid img[src^='data:image/svg+xml']").count() == diagrams
-    # the exercises' solutions stay folded away until the learner opens them
-    solutions = sum(tagged(c, "solution") for c in code)
-    assert solutions and all(c["metadata"].get("jupyter", {}).get("source_hidden") for c in code
-                             if tagged(c, "solution"))
-    assert page.locator(".jp-CodeCell .jp-InputPlaceholder").count() >= solutions
+    # the exercises: a cell to write in (comments only, it ran and showed nothing), the solution folded away in a
+    # markdown <details> block that run all never runs and that stays closed until the learner opens it
+    exercises = [c for c in code if tagged(c, "exercise")]
+    solutions = [c for c in cells if tagged(c, "solution")]
+    assert len(exercises) == len(solutions) >= 2 and all(c["cell_type"] == "markdown" for c in solutions)
+    assert not [c for c in code if tagged(c, "solution") or tagged(c, "solution-run")], "no solution ran"
+    assert all(c["execution_count"] and not c.get("outputs") for c in exercises)
+    folded = page.locator(".jp-MarkdownCell details")
+    assert folded.count() == len(solutions) and page.locator(".jp-MarkdownCell details[open]").count() == 0
+    assert folded.first.locator("summary", has_text="Solution").count() == 1
+    assert not folded.first.locator("pre").first.is_visible(), "the solution's code is hidden until opened"
 
 
 def summary(path: Path) -> dict:
@@ -311,6 +318,51 @@ def test_restart_and_run_all_in_jupyterlab(lab, page, name, lakefs_kind):
     if name.startswith("04"):
         lab.urls["04 run"] = facts["MLflow run id"]
     print(f"{name}: {seconds:.0f} s in JupyterLab")
+
+
+def test_interrupting_04_s_fit_is_one_line_and_the_notebook_then_runs_again_cleanly(lab, page):
+    """The Interrupt button in the middle of 04's fit: one line saying what stopped and what to run next, no
+    SystemExit and no path of the machine; Ray stops the run; then Restart-and-run-all is clean."""
+    name = "04_distributed_training"
+    path = lab.notebook_dir / f"{name}.ipynb"
+    original = path.read_text()
+    nb = json.loads(original)
+    parameters = next(c for c in nb["cells"] if tagged(c, "parameters"))
+    parameters["source"] = "".join(parameters["source"]).replace("epochs = 10", "epochs = 2000").replace(
+        "cache_shard = True", "cache_shard = False")  # a fit of minutes: it is surely running when interrupted
+    path.write_text(json.dumps(nb))
+    try:
+        base, token = lab.jupyter
+        page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/{name}.ipynb?reset&token={token}")
+        wait_for_idle_kernel(page)
+        page.click("[data-command='notebook:restart-run-all']")
+        page.click(".jp-Dialog .jp-mod-accept")
+        fit = page.locator(".jp-Notebook .jp-CodeCell", has_text="result = trainer.fit()")
+        fit.locator(".jp-InputPrompt", has_text="[*]").wait_for(timeout=240_000)  # the fit cell is running
+        page.wait_for_timeout(15_000)  # Ray Train started its workers, the epochs go by
+        page.click("[data-command='notebook:interrupt-kernel']")
+        started = time.monotonic()
+        fit.locator(".jp-OutputArea-output", has_text="Interrupted:").wait_for(timeout=60_000)
+        assert time.monotonic() - started < 30, "the cell stops within seconds"
+        wait_for_idle_kernel(page)
+        shown = fit.locator(".jp-OutputArea-output").all_inner_texts()
+        errors = [text for text in shown if "Interrupted:" in text]
+        assert len(errors) == 1 and errors[0].strip().count("\n") == 0, errors
+        assert re.fullmatch(r"Interrupted: Training stopped: you interrupted it\. Run this cell again: training "
+                            r"(resumes from the checkpoint of epoch \d+|starts over, as no checkpoint was saved "
+                            r"yet)\.", errors[0].strip()), errors[0]
+        everything = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        assert "SystemExit" not in everything and "To exit: use" not in everything and "/root/" not in everything
+        shoot(page, "lab-04-interrupted", "Fit")
+    finally:
+        path.write_text(original)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and [p for p in psutil.process_iter(["cmdline"])
+                                           if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]:
+        time.sleep(1)
+    assert time.monotonic() < deadline, "Ray stopped the interrupted run's workers"
+    run_all_in_jupyterlab(page, lab, name)  # again, from the top: clean
+    check_run(page, path)
 
 
 def test_the_dashboard_opens_without_a_token_prompt_and_lists_the_actors(lab, page):

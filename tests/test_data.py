@@ -347,7 +347,7 @@ def test_a_notebook_shows_user_errors_in_one_line_and_other_errors_whole(capsys)
     try:
         notebook.setup()
         shell.run_cell("from helpers.config import ParameterError\n"
-                       "raise ParameterError('max_workers=0 is out of range')")
+                       "raise ParameterError('threads=0 is out of range')")
         short = capsys.readouterr()
         shell.run_cell("int('not a number')")  # a ValueError of another kind keeps its traceback
         whole = capsys.readouterr()
@@ -357,7 +357,7 @@ def test_a_notebook_shows_user_errors_in_one_line_and_other_errors_whole(capsys)
     import re
 
     short_text, whole_text = (re.sub(r"\x1b\[[0-9;]*m", "", c.out + c.err) for c in (short, whole))  # no colours
-    assert "ParameterError: max_workers=0 is out of range" in short_text
+    assert "ParameterError: threads=0 is out of range" in short_text
     assert "Traceback" not in short_text and "Cell In[" not in short_text
     assert "invalid literal for int()" in whole_text and "Cell In[" in whole_text
 

@@ -42,8 +42,12 @@ LESSONS = {
 
 
 def notebook_code(notebook) -> str:
+    """The notebook's code cells and the code folded in its exercises' solutions (a learner reads both)."""
+    from helpers.solutions import SOLUTION_TAG, solution_code
+
     cells = json.loads(notebook.read_text())["cells"]
-    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return "\n\n".join(["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+                       + [solution_code(c) for c in cells if SOLUTION_TAG in c["metadata"].get("tags", [])])
 
 
 def shown(code: str) -> set[str]:
@@ -135,8 +139,9 @@ def test_helpers_stay_thin_plumbing():
     # which keys are images, the outage that stops a training run and its resume, the runner, plots, bounded
     # tracking, the benchmark's spans; and what the lessons call in one line but do not teach (the shard cache,
     # fault injection, parameter checks, append rounds and repair, worker logs, import polling, the datasets kept
-    # per pointers, notebook 07's first training)
-    assert lines <= 4200, f"hand-written helpers hold {lines} lines"
+    # per pointers, notebook 07's first training); the exercises' solutions and `make solutions`, the one line an
+    # interrupted Ray cell ends in, the code version a run records, the day's models 06-07 compare
+    assert lines <= 5000, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -234,10 +239,13 @@ def test_cells_are_read_a_definition_at_a_time():
 def test_the_taught_training_loop_fits_in_one_screen_and_has_every_step():
     (notebook,) = runner.notebook_paths(pattern="04_*.ipynb")
     (loop,) = [s for s in code_cells(notebook) if "def train_func_per_worker" in s]
-    assert len(loop.splitlines()) <= 40
-    for call in ("prepare_model(", "get_dataset_shard(", "iter_torch_batches(", ".backward()", "all_reduce_sum(",
-                 "Checkpoint.from_directory(", "ray.train.report(", "get_checkpoint(", "log_epochs("):
+    (epoch,) = [s for s in code_cells(notebook) if "def train_epoch" in s]  # the steps, a cell of their own
+    assert len(loop.splitlines()) <= 40 and len(epoch.splitlines()) <= 20
+    for call in ("prepare_model(", "get_dataset_shard(", "iter_torch_batches(", "train_epoch(", "all_reduce_sum(",
+                 "Checkpoint.from_directory(", "ray.train.report(", "get_checkpoint(", "log_epochs(", "lr_schedule("):
         assert call in loop, f"the loop no longer shows {call}"
+    for call in ("zero_grad()", ".backward()", "optimizer.step()", "schedule.step()"):
+        assert call in epoch, f"an epoch no longer shows {call}"
 
 
 def test_no_benchmark_instrumentation_in_the_lessons():

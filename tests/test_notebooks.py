@@ -18,27 +18,27 @@ def summary(output) -> dict:
     return next(o["data"]["application/json"] for o in cells[0]["outputs"] if "application/json" in o.get("data", {}))
 
 
-CHECK_OUTPUT = "# CHECK_OUTPUT"  # a cell whose printed output must equal the committed one
-
-
-def printed(cell) -> str:
-    return "".join("".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("output_type") == "stream")
-
-
 def run(name, tmp_path, **parameters):
-    """Execute a notebook (the only execution of it in the test run) and check what every run must show."""
+    """Execute a notebook with every exercise's solution (the only execution of it in the test run) and check
+    what every run must show: each solution ran, after the learner's cell, without an error."""
+    from helpers.solutions import RAN_TAG
+
     notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
-    result = runner.execute(notebook, tmp_path / notebook.name, parameters)
+    result = runner.execute(notebook, tmp_path / notebook.name, parameters, solutions=True)
     assert result.status == "ok", result.message
     cells = json.loads(result.output.read_text())["cells"]
-    solutions = [c for c in cells if "solution" in c.get("metadata", {}).get("tags", [])]
+    solutions = [c for c in cells if RAN_TAG in c.get("metadata", {}).get("tags", [])]
     assert solutions and all(c["execution_count"] for c in solutions), "every exercise's solution ran"
-    committed = {c["id"]: c for c in json.loads(notebook.read_text())["cells"]}
-    for ran in cells:
-        if ran["cell_type"] == "code" and "".join(ran["source"]).startswith(CHECK_OUTPUT):
-            expected = printed(committed[ran["id"]])
-            assert printed(ran) == expected != "", f"{notebook.name}: a checked cell printed something else"
+    assert not [o for c in solutions for o in c["outputs"] if o["output_type"] == "error"]
     return summary(result.output)
+
+
+def solution_output(output, number: int) -> str:
+    """What the solution of exercise ``number`` printed, in an executed notebook."""
+    from helpers.solutions import RAN_TAG
+
+    cells = [c for c in json.loads(output.read_text())["cells"] if RAN_TAG in c.get("metadata", {}).get("tags", [])]
+    return "".join("".join(o.get("text", "")) for o in cells[number - 1]["outputs"] if o["output_type"] == "stream")
 
 
 def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
@@ -53,7 +53,7 @@ def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
 def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
     facts = run("02", tmp_path, bucket=bucket, smoke_test_size=60)  # uploads itself: bucket is empty
     assert (facts["train pointers"], facts["test pointers"]) == (60, 10)
-    assert facts["first pointer"] == "train/0/00001.png" and facts["first label"] == 0  # listings are key-sorted
+    assert facts["first pointer in key order"] == "train/0/00001.png" and facts["its label"] == 0  # key-sorted
     assert (facts["smoke train pointers"], facts["smoke test pointers"]) == (60, 10)
     assert facts["manifest listing s"] > 0
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 70
@@ -62,8 +62,8 @@ def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
 @pytest.mark.parametrize("parameters, message", [
     ({"smoke_test_size": -5}, "smoke_test_size=-5"),
     ({"smoke_test_size": "abc"}, "smoke_test_size must be an integer, not 'abc'"),
-    ({"max_workers": 0}, "max_workers=0 is out of range"),
-    ({"max_workers": "16"}, "max_workers must be a whole number"),
+    ({"threads": 0}, "threads=0 is out of range"),
+    ({"threads": "16"}, "threads must be a whole number"),
     ({"bucket": "Not_A_Valid_Bucket"}, "'Not_A_Valid_Bucket' is not a valid bucket name"),
 ])
 def test_a_bad_parameter_fails_the_run_with_one_clear_line(bucket, tmp_path, parameters, message):
@@ -110,7 +110,7 @@ def test_committed_notebooks_have_parameters_and_no_machine_paths():
 
 def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
     facts = run("03", tmp_path, bucket=bucket, smoke_test_size=450, batch_size=400)
-    assert facts["pointers"] == 450 and facts["batches"] == 2
+    assert facts["pointers"] == 450 and facts["torch batches"] == 2 and facts["preprocessing batches"] == 6
     assert facts["batch shape"] == [400, 1, 28, 28]
     assert facts["rows (tasks / actors / read_images / parquet)"] == [450] * 4
     # the pid-stamped log: tasks ran in Ray's worker processes, and each of the two actors got batches
@@ -180,31 +180,42 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     assert (served.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["test accuracy"], abs=1e-4)
 
 
-def test_05_sweeps_from_the_known_good_point(bucket, tmp_path, settings):
+def test_05_sweeps_from_the_known_good_point_and_finds_a_better_one(bucket, tmp_path, settings):
+    """At the defaults (600 images, 8 trials of 10 epochs), with every exercise's solution."""
+    import mlflow
     from mlflow.tracking import MlflowClient
 
     from helpers import sweeps
 
-    facts = run("05", tmp_path, bucket=bucket, smoke_test_size=300, num_samples=3, epochs=3)
-    assert facts["trials"] == 3 and facts["first trial is the known-good point"] is True
-    assert 0 < facts["best test accuracy"] <= 1 and 0 < facts["best validation accuracy"] <= 1
-    assert len(sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])) == 3
-    assert facts["MLflow child runs"] == 3
+    experiment = f"t-05-{bucket[2:12]}"
+    facts = run("05", tmp_path, bucket=bucket, experiment=experiment)
+    assert facts["trials"] == 8 and facts["first trial is the known-good point"] is True
+    # the search space holds configurations better than the starting point, and the sweep finds one
+    assert facts["best is the known-good point"] is False
+    assert facts["best val_accuracy"] > facts["known-good val_accuracy"]
+    assert 0 < facts["test_accuracy"] <= 1
+    assert facts["trials stopped early"] >= 1, "ASHA stops trials at its rungs"
+    children = sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])
+    assert len(children) == facts["MLflow child runs"] == 8
     parent = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow parent run id"])
-    assert parent.info.status == "FINISHED" and parent.data.params["best_hidden"] == str(facts["best config"]["hidden"])
-    assert parent.data.metrics["best_mean_accuracy"] == pytest.approx(facts["best validation accuracy"], abs=1e-4)
-    assert_lineage(parent, {"mnist-train": (f"s3://{bucket}/train/", "250"),
-                            "mnist-validation": (f"s3://{bucket}/train/", "50"),
-                            "mnist-test": (f"s3://{bucket}/test/", "50")})
-    for child in sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"]):
-        assert_lineage(child, {"mnist-train": (f"s3://{bucket}/train/", "250"),
-                               "mnist-validation": (f"s3://{bucket}/train/", "50")})
-    import mlflow
-
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["best_lr"] == str(facts["best config"]["lr"]) or \
+        float(parent.data.params["best_lr"]) == pytest.approx(facts["best config"]["lr"], abs=1e-4)
+    assert parent.data.metrics["val_accuracy"] == pytest.approx(facts["best val_accuracy"], abs=1e-4)
+    assert parent.data.metrics["test_accuracy"] == pytest.approx(facts["test_accuracy"], abs=1e-4)
+    assert_lineage(parent, {"mnist-train": (f"s3://{bucket}/train/", "500"),
+                            "mnist-validation": (f"s3://{bucket}/train/", "100"),
+                            "mnist-test": (f"s3://{bucket}/test/", "100")})
+    for child in children:
+        assert_lineage(child, {"mnist-train": (f"s3://{bucket}/train/", "500"),
+                               "mnist-validation": (f"s3://{bucket}/train/", "100")})
     best = mlflow.pyfunc.load_model(facts["MLflow model"])
-    images, labels = load_test_images(bucket, 50)
-    assert (best.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["best test accuracy"],
-                                                                                   abs=1e-4)
+    images, labels = load_test_images(bucket, 100)
+    assert (best.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["test_accuracy"], abs=1e-4)
+    # exercise 3: the median rule, comparing trials by epoch, stops something (the contrast it asks about)
+    said = solution_output(tmp_path / "05_tune_sweeps.ipynb", 3)
+    stopped = int(said.split("the median rule stopped ")[1].split(" of ")[0])
+    assert stopped >= 1, said
 
 
 @pytest.mark.lakefs
@@ -214,24 +225,27 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
     from helpers import experiments, versioning
     from helpers.config import load_settings
 
-    repo_name = f"t-nb-{bucket[2:10]}"
+    repo_name, suffix = f"t-nb-{bucket[2:10]}", bucket[2:12]
     facts = run("06", tmp_path, bucket=bucket, repo_name=repo_name, smoke_test_size=180,
-                optimizers=["sgd", "adam"], epochs=[1, 2])
+                optimizers=["sgd", "adam"], epochs=[1, 2], registered_model=f"t-06-{suffix}",
+                experiment=f"t-06-{suffix}", training_experiment=f"t-06-none-{suffix}",
+                sweep_experiment=f"t-06-none-{suffix}")
     repo = lakefs.Repository(repo_name, client=versioning.connect(load_settings()))
     try:
         assert facts["objects imported"] == 180 + 30
         assert facts["bucket objects after import"] == facts["bucket objects before import"]
         assert facts["bucket bytes after import"] == facts["bucket bytes before import"]
         assert facts["experiments"] == 4 and facts["all metrics match"] is True
+        assert facts["starting point"].startswith("notebook 04's defaults")  # no sweep in that experiment
         for branch, commit_id in facts["experiment commits"].items():  # what the notebook says is in lakeFS
             commit = repo.ref(commit_id).get_commit()
             assert commit.metadata["experiment"] == branch and repo.branch(branch).get_commit().id == commit_id
             assert experiments.decode_metadata(commit.metadata, "metric") == experiments.read_json(
                 repo, commit_id, experiments.METRICS_PATH)
         winner = facts["experiment commits"][facts["winner"]]
-        committed = experiments.read_json(repo, winner, experiments.METRICS_PATH)["accuracy"]
-        assert facts["winner accuracy"] == round(committed, 4)
-        assert facts["recomputed accuracy"] == facts["winner accuracy"]
+        committed = experiments.read_json(repo, winner, experiments.METRICS_PATH)["test_accuracy"]
+        assert facts["winner test_accuracy"] == round(committed, 4)
+        assert facts["recomputed test_accuracy"] == facts["winner test_accuracy"]
         assert facts["files changed by the winner"] == sorted(experiments.EXPERIMENT_FILES)
         assert facts["tag"] == "model-v1" and repo.tag("model-v1").get_commit().id == facts["merge commit"]
         assert facts["reproduced"] is True
@@ -242,12 +256,14 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
         name = facts["registered model"]
         version = MlflowClient().get_model_version_by_alias(name, "champion")
-        assert version.version == str(facts["champion version"])
+        assert name == f"t-06-{suffix}" and version.version == str(facts["champion version"]) == "1"
+        assert facts["registered version"] == facts["champion version"]  # no champion before: the alias moved
         assert version.tags["lakefs.commit"] == facts["merge commit"] and version.tags["lakefs.tag"] == "model-v1"
         champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
         x_test, y_test = lakefs_test_images(repo, facts["merge commit"])
         recomputed = float((champion.predict(x_test).argmax(axis=1) == y_test).mean())
-        assert recomputed == committed and facts["champion accuracy"] == round(committed, 4)
+        assert recomputed == committed and facts["champion test_accuracy"] == round(committed, 4)
+        assert set(facts["day's test accuracies"]) == {"champion"}  # no 04 or 05 runs in those experiments
         for commit_id in facts["experiment commits"].values():
             metadata = repo.ref(commit_id).get_commit().metadata
             experiment_run = MlflowClient().get_run(metadata["mlflow_run_id"])
@@ -269,6 +285,7 @@ def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket,
 
     suffix = bucket[2:12]
     facts = run("07", tmp_path, bucket=bucket, smoke_test_size=300, registered_model=f"t-none-{suffix}",
+                sweep_experiment=f"t-07-none-{suffix}",
                 training_experiment=f"t-07-train-{suffix}", experiment=f"t-07-{suffix}")
     assert facts["model source"].startswith("notebook 04's run")  # 04 ran first, headless
     # the predictions are in the bucket under the run's prefix, and the MLflow run names that prefix
@@ -289,8 +306,8 @@ def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket,
     with torch.no_grad():
         predicted = mlflow.pytorch.load_model(facts["model"])(torch.as_tensor(images)).argmax(dim=1).numpy()
     recomputed = training.accuracy(predicted, labels)
-    assert parquet_accuracy == recomputed and round(recomputed, 4) == facts["accuracy from the Parquet"]
-    assert facts["recorded accuracy"] == facts["accuracy from the Parquet"]  # what notebook 04 logged for it
+    assert parquet_accuracy == recomputed and round(recomputed, 4) == facts["test_accuracy from the Parquet"]
+    assert facts["recorded test_accuracy"] == facts["test_accuracy from the Parquet"]  # what notebook 04 logged
     assert sorted(table["key"].to_pylist()) == sorted(listing.get_train_test_data(bucket, 300, "manifest")[2])
     assert facts["driver predictions equal"] is True and facts["wrong"] == round((1 - recomputed) * 50)
 
@@ -336,10 +353,47 @@ def stray_bucket(client):
     ("05", {"num_samples": 1, "epochs": 1}),
 ])
 def test_a_stray_object_in_the_bucket_is_named_and_the_notebook_runs(stray_bucket, tmp_path, name, parameters):
+    """02 lists the bucket and names the stray once; 03-05 read the manifest, which never held it."""
     notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
     result = runner.execute(notebook, tmp_path / notebook.name, {"bucket": stray_bucket, "smoke_test_size": 60,
                                                                  **parameters})
     assert result.status == "ok", result.message
     said = json.dumps([c.get("outputs", []) for c in json.loads(result.output.read_text())["cells"]])
-    assert "Skipped 1 object in bucket" in said and "'train/notes.txt'" in said
+    if name == "02":
+        assert "Skipped 1 object in bucket" in said and "'train/notes.txt'" in said
     assert "txt images" not in said and "image_format='txt'" not in said
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_live_mode_makes_04_s_epochs_and_05_s_trials_last_long_enough_to_watch(bucket, tmp_path, settings):
+    """The instructor's setting: 04's epochs reach MLflow spread over at least 20 s, and 05's trials come and go
+    (they start at different times, two at a time), where the smoke defaults are over in a few seconds."""
+    from mlflow.tracking import MlflowClient
+
+    from helpers import sweeps
+
+    client, suffix = MlflowClient(settings.mlflow_tracking_uri), bucket[2:12]
+    facts = run_plain("04", tmp_path, bucket=bucket, live=True, experiment=f"t-live-04-{suffix}")
+    assert facts["epochs"] == 20 and facts["test images"] == 2000
+    stamps = sorted(m.timestamp for m in client.get_metric_history(facts["MLflow run id"], "train_loss"))
+    assert len(stamps) == 20 and (stamps[-1] - stamps[0]) / 1000 >= 20, "the curves grow for 20 s or more"
+    facts = run_plain("05", tmp_path, bucket=bucket, live=True, experiment=f"t-live-05-{suffix}")
+    assert facts["trials"] == 12
+    starts = sorted(r.info.start_time / 1000 for r in sweeps.child_runs(settings.mlflow_tracking_uri,
+                                                                       facts["MLflow parent run id"]))
+    assert len(starts) == 12 and starts[-1] - starts[0] >= 20, "new trials keep coming for 20 s or more"
+    runs = sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])
+    overlaps = [a for a in runs for b in runs if a.info.run_id < b.info.run_id
+                and a.info.start_time < b.info.end_time and b.info.start_time < a.info.end_time]
+    assert overlaps, "two trials train at once"
+
+
+def run_plain(name, tmp_path, **parameters):
+    """Execute a notebook as run all does (no solutions) and return its summary."""
+    notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / notebook.name, parameters)
+    assert result.status == "ok", result.message
+    said = json.dumps([c.get("outputs", []) for c in json.loads(result.output.read_text())["cells"]])
+    assert "Live mode:" in said
+    return summary(result.output)

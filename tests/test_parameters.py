@@ -4,6 +4,7 @@ fails ``test_every_parameter_has_a_check_and_rows_here``."""
 
 import ast
 import json
+import time
 
 import pytest
 
@@ -32,40 +33,45 @@ def names(name: str) -> list[tuple[object, str]]:
 
 # (notebook, parameter) -> bad values and a piece of the one line each must give
 TABLE: dict[str, dict[str, list[tuple[object, str]]]] = {
-    "01": {"bucket": BUCKET, "smoke_test_size": SMOKE, "append": flags("append"), "max_workers": counts("max_workers"),
+    "01": {"bucket": BUCKET, "smoke_test_size": SMOKE, "append": flags("append"), "threads": counts("threads"),
            "image_format": [("gif", "image_format must be one of 'png', 'jpeg', 'jpg', not 'gif'")]},
     "02": {"bucket": BUCKET, "smoke_test_size": SMOKE},
     "03": {"bucket": BUCKET, "smoke_test_size": SMOKE, "batch_size": counts("batch_size"),
-           "num_actors": counts("num_actors"), "threads_per_actor": counts("threads_per_actor"),
-           "num_blocks": counts("num_blocks")},
+           "num_actors": counts("num_actors"), "threads": counts("threads"),
+           "num_blocks": counts("num_blocks"), "live": flags("live")},
     "04": {"bucket": BUCKET, "smoke_test_size": SMOKE, "epochs": counts("epochs"),
            "lr": [(-0.1, "lr=-0.1 is out of range"), (0, "lr=0 is out of range"), ("0.1", "lr must be a number"),
                   (float("nan"), "lr must be a number above 0")],
-           "momentum": [(1.5, "momentum must be a number from 0"), ("0.9", "momentum must be a number from 0")],
-           "hidden_sizes": [("[]", "hidden_sizes must be a list such as [128, 64], not the text '[]'"),
-                            ("[128, 64]", "-y 'hidden_sizes: [128, 64]'"), ([], "must be a non-empty list"),
+           "model": [("resnet", "model must be one of 'mlp', 'cnn', not 'resnet'")],
+           "optimizer": [("rmsprop", "optimizer must be one of 'adam', 'sgd', not 'rmsprop'")],
+           "hidden_sizes": [("[]", "hidden_sizes must be a list such as [256, 128], not the text '[]'"),
+                            ("[256, 128]", "-y 'hidden_sizes: [256, 128]'"), ([], "must be a non-empty list"),
                             ([64, 0], "each of hidden_sizes=0 is out of range"), (64, "must be a non-empty list")],
            "batch_size_per_worker": counts("batch_size_per_worker"), "checkpoint_every": counts("checkpoint_every"),
            "cache_shard": flags("cache_shard"), "num_workers": counts("num_workers"), "use_gpu": flags("use_gpu"),
-           "fail_at_epoch": counts("fail_at_epoch"), "experiment": names("experiment")},
+           "fail_at_epoch": counts("fail_at_epoch"), "experiment": names("experiment"), "live": flags("live")},
     "05": {"bucket": BUCKET, "smoke_test_size": SMOKE, "num_samples": counts("num_samples"),
-           "max_concurrent_trials": counts("max_concurrent_trials"),
+           "max_concurrent": counts("max_concurrent"), "live": flags("live"),
            "searcher": [("grid", "searcher must be one of 'hyperopt', 'optuna', not 'grid'")],
            "scheduler": [("hyperband", "scheduler must be one of 'asha', not 'hyperband'")],
            "epochs": counts("epochs"), "seed": counts("seed", low=0), "num_workers": counts("num_workers", low=0),
            "experiment": names("experiment")},
     "06": {"bucket": BUCKET, "smoke_test_size": SMOKE,
            "repo_name": [("Bad_Name", "Bad_Name"), ("", "repository name")],
-           "optimizers": [('["sgd"]', "not the text"), (["rmsprop"], "each of optimizers must be one of 'sgd', 'adam'"),
+           "optimizers": [('["sgd"]', "not the text"), (["rmsprop"], "each of optimizers must be one of 'adam', 'sgd'"),
                           ([], "must be a non-empty list")],
-           "epochs": [("[1, 3]", "-y 'epochs: [1, 3]'"), ([0], "each of epochs=0 is out of range"),
+           "epochs": [("[5, 10]", "-y 'epochs: [5, 10]'"), ([0], "each of epochs=0 is out of range"),
                       (3, "must be a non-empty list")],
+           "max_concurrent": counts("max_concurrent"), "experiment": names("experiment"),
+           "registered_model": names("registered_model"), "training_experiment": names("training_experiment"),
+           "sweep_experiment": names("sweep_experiment"),
            "tolerance": [(-0.1, "tolerance must be a number from 0"), (1, "tolerance must be a number from 0"),
                          ("0.01", "tolerance must be a number from 0")]},
     "07": {"bucket": BUCKET, "smoke_test_size": SMOKE,
            "model_uri": [("mnist-classifier", "model_uri must be"), (3, "model_uri must be")],
            "registered_model": names("registered_model"), "training_experiment": names("training_experiment"),
-           "num_actors": counts("num_actors"), "batch_size": counts("batch_size"), "use_gpu": flags("use_gpu"),
+           "sweep_experiment": names("sweep_experiment"), "num_actors": counts("num_actors"),
+           "batch_size": counts("batch_size"), "use_gpu": flags("use_gpu"),
            "experiment": names("experiment")},
 }
 
@@ -103,7 +109,7 @@ def test_each_bad_value_is_one_parameter_error_naming_it(number, name, value, me
 
 
 @pytest.mark.parametrize("number, parameters, message", [
-    ("04", {"hidden_sizes": "[]"}, "ParameterError: hidden_sizes must be a list such as [128, 64], not the text '[]'"),
+    ("04", {"hidden_sizes": "[]"}, "ParameterError: hidden_sizes must be a list such as [256, 128], not the text '[]'"),
     ("03", {"num_blocks": 0}, "ParameterError: num_blocks=0 is out of range"),
 ])
 def test_papermill_s_text_and_a_zero_stop_the_notebook_at_its_first_cell(bucket, tmp_path, number, parameters,
@@ -125,3 +131,24 @@ def test_the_runner_refuses_a_notebook_that_is_not_there_before_running_any(argu
     with pytest.raises(SystemExit) as stopped:
         runner.main(arguments)
     assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("uri, missing", [
+    ("models:/no-such-model@champion", "the registry has no model 'no-such-model' with the alias @champion"),
+    ("runs:/0123456789abcdef/model", "MLflow has no run '0123456789abcdef'"),
+    ("models:/mnist-classifier/99", "the registry has no version '99' of a model 'mnist-classifier'"),
+])
+def test_a_model_uri_that_names_nothing_stops_07_in_one_line_saying_what_exists(bucket, tmp_path, uri, missing):
+    """A model that is not there: one line naming the parameter, what was not found and what exists instead,
+    before any pipeline starts (not MLflow's RestException from deep inside a load)."""
+    notebook = runner.notebook_paths(pattern="07_*.ipynb")[0]
+    started = time.monotonic()
+    result = runner.execute(notebook, tmp_path / "out.ipynb", {"bucket": bucket, "smoke_test_size": 60,
+                                                               "model_uri": uri})
+    assert time.monotonic() - started < 120
+    assert result.status == "failed" and result.message.startswith(f"ParameterError: model_uri='{uri}' names no "
+                                                                   f"model: {missing}. What exists: "), result.message
+    assert "registered models" in result.message or "no model is registered yet" in result.message
+    assert "notebook 04" in result.message and "\n" not in result.message
+    shown = json.dumps([c.get("outputs", []) for c in json.loads((tmp_path / "out.ipynb").read_text())["cells"]])
+    assert "RestException" not in shown and "Traceback" not in shown

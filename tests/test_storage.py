@@ -206,11 +206,11 @@ def test_no_object_store_configured():
 
 @pytest.mark.parametrize("workers", [0, -1, "16", 2.5, 10**6])
 @pytest.mark.timeout(30)
-def test_bad_worker_counts_fail_before_any_io(client, bucket, workers):
-    with pytest.raises(ParameterError, match="max_workers"):
-        upload.upload_mnist(bucket, 10, max_workers=workers, client=client, progress=False)
-    with pytest.raises(ParameterError, match="max_workers"):
-        listing.list_objects_parallel(bucket, client=client, max_workers=workers)
+def test_bad_thread_counts_fail_before_any_io(client, bucket, workers):
+    with pytest.raises(ParameterError, match="threads"):
+        upload.upload_mnist(bucket, 10, threads=workers, client=client, progress=False)
+    with pytest.raises(ParameterError, match="threads"):
+        listing.list_objects_parallel(bucket, client=client, threads=workers)
     assert not client.bucket_exists(bucket)  # failed before ensure_bucket, which hung with a pool of size 0
 
 
@@ -295,7 +295,7 @@ def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
     presser.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            upload.upload_objects(client, bucket, plan, max_workers=2, progress=False)
+            upload.upload_objects(client, bucket, plan, threads=2, progress=False)
     finally:
         stop.set()
         presser.join()

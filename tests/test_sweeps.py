@@ -8,28 +8,28 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import assert_ctrl_c_interrupts, uploaded_bucket
-from helpers import cluster, listing, sweeps, tracking, training
+from helpers import cluster, interrupts, listing, sweeps, tracking, training
 
 SMOKE = 300
-BAD = {"rate": 0.45, "hidden": 32, "activation": "tanh", "lr": 0.001}  # learns slowly: ASHA stops it
+BAD = {"lr": 0.0003, "dropout": 0.3, "batch_size_per_worker": 64}  # learns slowly: ASHA stops it
 pytestmark = pytest.mark.slow
 
 
-def run_sweep(settings, bucket, arrays, num_samples, max_concurrent_trials, searcher="hyperopt", scheduler="asha",
+def run_sweep(settings, bucket, arrays, num_samples, max_concurrent, searcher="hyperopt", scheduler="asha",
               epochs=4, points=(sweeps.KNOWN_GOOD,), num_workers=0, experiment="tests-tune"):
     """Notebook 05's sweep: a parent run, the trainable, make_tuner, fit, the best trial restored and tested."""
     resources = cluster.init_ray(settings)
     client = MlflowClient(settings.mlflow_tracking_uri)
     name = training.unique_run_name("sweep")
     parent = client.create_run(tracking.experiment_id(client, experiment), run_name=name).info.run_id
-    trainable, extra = sweeps.make_trainable(arrays, num_workers, max_concurrent_trials, resources["CPU"],
+    trainable, extra = sweeps.make_trainable(arrays, num_workers, max_concurrent, resources["CPU"],
                                              f"{bucket}/tune-results/{name}-train")
     space = {**sweeps.search_space(), "epochs": epochs, "seed": 0, "experiment": experiment,
              "tracking_uri": settings.mlflow_tracking_uri, "parent_run_id": parent, **extra}
     tuner = sweeps.make_tuner(trainable, space, sweeps.make_searcher(searcher, list(points), 0),
-                              sweeps.make_scheduler(scheduler, epochs), num_samples, max_concurrent_trials, name,
+                              sweeps.make_scheduler(scheduler, epochs), num_samples, max_concurrent, name,
                               f"{bucket}/tune-results", settings)
-    with contextlib.redirect_stdout(io.StringIO()), training.interrupt_handler_restored():
+    with contextlib.redirect_stdout(io.StringIO()), interrupts.stop_cleanly("The sweep", tuner=tuner):
         results = tuner.fit()
     client.set_terminated(parent)
     assert not results.errors, results.errors
@@ -58,7 +58,7 @@ def arrays(settings, tune_bucket):
 def sweep(settings, tune_bucket, arrays):
     # One trial at a time: the known-good trial sets each ASHA rung before the bad one reaches it,
     # so the early stop is deterministic (with two at once the faster bad trial could reach rungs first).
-    return run_sweep(settings, tune_bucket, arrays, num_samples=4, max_concurrent_trials=1,
+    return run_sweep(settings, tune_bucket, arrays, num_samples=4, max_concurrent=1,
                      points=[sweeps.KNOWN_GOOD, BAD])
 
 
@@ -68,7 +68,7 @@ def test_validation_split_is_held_out(arrays):
 
 def test_tiny_sweep_completes_with_every_trial(sweep):
     assert len(sweep.table) == 4
-    assert sweep.table["mean_accuracy"].notna().all()
+    assert sweep.table["val_accuracy"].notna().all()
 
 
 def test_ctrl_c_interrupts_again_after_a_sweep(sweep):
@@ -90,14 +90,15 @@ def test_asha_stops_the_bad_trial_early(sweep):
 
 
 def test_asha_rungs_are_the_halving_points():
-    assert sweeps.asha_rungs(6) == [1, 2, 4] and sweeps.asha_rungs(4) == [1, 2] and sweeps.asha_rungs(1) == []
-    assert sweeps.asha_rungs(30, grace_period=3, reduction_factor=3) == [3, 9, 27]
+    # the first rung is the end of the one-cycle warm-up (30% of the epochs, rounded up), then doublings
+    assert sweeps.asha_rungs(10) == [3, 6] and sweeps.asha_rungs(4) == [2] and sweeps.asha_rungs(1) == []
+    assert sweeps.asha_rungs(30, reduction_factor=3) == [9, 27] and sweeps.warmup_epochs(20) == 6
 
 
 def test_table_holds_each_trials_last_result(sweep):
     for _, row in sweep.table.iterrows():
         steps, values = zip(*sweep.history[row["trial_id"]], strict=True)
-        assert row["training_iteration"] == steps[-1] and row["mean_accuracy"] == pytest.approx(values[-1])
+        assert row["training_iteration"] == steps[-1] and row["val_accuracy"] == pytest.approx(values[-1])
 
 
 def test_best_result_is_the_max_over_the_trial_histories(sweep):
@@ -113,7 +114,7 @@ def test_parent_run_has_one_child_per_trial(sweep, settings):
     for child in children:
         assert child.info.status == "FINISHED", "ended also when ASHA stopped the trial"
         steps = [s for s, _ in tracking.metric_history(settings.mlflow_tracking_uri, child.info.run_id,
-                                                        "mean_accuracy")]
+                                                        "val_accuracy")]
         assert steps == list(range(1, len(steps) + 1)) and steps, "epochs count from 1"
 
 
@@ -123,7 +124,7 @@ def test_results_are_stored_in_the_bucket(sweep, client, tune_bucket):
 
 
 def test_optuna_searcher_and_bad_parameters(settings, tune_bucket, arrays):
-    result = run_sweep(settings, tune_bucket, arrays, num_samples=2, max_concurrent_trials=2, searcher="optuna",
+    result = run_sweep(settings, tune_bucket, arrays, num_samples=2, max_concurrent=2, searcher="optuna",
                        scheduler=None, epochs=1)
     assert len(result.table) == 2 and (result.table["training_iteration"] == 1).all()
     first = result.table.iloc[0]
@@ -139,11 +140,11 @@ def test_optuna_searcher_and_bad_parameters(settings, tune_bucket, arrays):
 
 
 def test_distributed_trials_run_ray_train_inside_tune(settings, tune_bucket, arrays):
-    result = run_sweep(settings, tune_bucket, arrays, num_samples=1, max_concurrent_trials=1, scheduler=None,
+    result = run_sweep(settings, tune_bucket, arrays, num_samples=1, max_concurrent=1, scheduler=None,
                        epochs=2, num_workers=2)
     row = result.table.iloc[0]
     assert row["training_iteration"] == 2 and {k: row[f"config/{k}"] for k in sweeps.KNOWN_GOOD} == sweeps.KNOWN_GOOD
-    assert row["samples"] == 250 and 0 < row["mean_accuracy"] <= 1  # both workers' shards, all-reduced
+    assert row["samples"] == 250 and 0 < row["val_accuracy"] <= 1  # both workers' shards, all-reduced
     assert row["checkpoint_path"].startswith(f"{tune_bucket}/tune-results/")
     assert 0 < result.test_accuracy <= 1
     (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, result.parent_run_id)
@@ -163,7 +164,7 @@ def test_a_crashed_trial_s_child_run_ends_failed_not_finished(settings, tune_buc
     space = {**{k: tune.choice([v]) for k, v in crash.items()}, "epochs": 1, "seed": 0,
              "experiment": "tests-tune-crash", "tracking_uri": settings.mlflow_tracking_uri, "parent_run_id": parent}
     tuner = sweeps.make_tuner(trainable, space, None, None, 1, 1, name, f"{tune_bucket}/tune-results", settings)
-    with contextlib.redirect_stdout(io.StringIO()), training.interrupt_handler_restored():
+    with contextlib.redirect_stdout(io.StringIO()), interrupts.stop_cleanly("The sweep", tuner=tuner):
         results = tuner.fit()
     assert len(results.errors) == 1
     (child,) = sweeps.child_runs(settings.mlflow_tracking_uri, parent)
@@ -171,7 +172,7 @@ def test_a_crashed_trial_s_child_run_ends_failed_not_finished(settings, tune_buc
 
 
 def test_bad_sweep_sizes_fail_before_any_work(arrays, tune_bucket, settings):
-    with pytest.raises(sweeps.ParameterError, match="max_concurrent_trials=0"):
+    with pytest.raises(sweeps.ParameterError, match="max_concurrent=0"):
         sweeps.make_trainable(arrays, 0, 0, 2.0, "b/p")  # was a ZeroDivisionError
     with pytest.raises(sweeps.ParameterError, match="num_samples must be a whole number"):
         sweeps.make_tuner(None, {}, None, None, "4", 1, "x", "b/p", settings)
@@ -204,7 +205,7 @@ def test_an_object_store_outage_mid_sweep_is_one_line(settings, arrays, tmp_path
         threading.Thread(target=lambda: (time.sleep(12), stack.kill_service("seaweedfs", state)), daemon=True).start()
         failed = None
         try:
-            with contextlib.redirect_stdout(io.StringIO()), training.interrupt_handler_restored():
+            with contextlib.redirect_stdout(io.StringIO()), interrupts.stop_cleanly("The sweep", tuner=tuner):
                 results = tuner.fit()
             if results.errors:  # what notebook 05 does with them
                 raise RuntimeError(f"{len(results.errors)} trials failed; first: {results.errors[0]}")

@@ -41,17 +41,53 @@ def test_each_notebook_opens_with_who_it_is_for_objectives_time_services_and_its
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
-def test_each_notebook_has_exercises_with_collapsed_solutions_before_its_summary(notebook):
-    all_cells = cells(notebook)
-    solutions = [i for i, c in enumerate(all_cells) if "solution" in c["metadata"].get("tags", [])]
-    assert len(solutions) >= 2, f"{notebook.name}: at least two exercises"
+def test_each_exercise_is_a_question_a_cell_to_write_in_and_a_folded_solution_before_the_summary(notebook):
+    import ast
+
+    from helpers import solutions
+
+    nb = json.loads(notebook.read_text())
+    all_cells = nb["cells"]
+    pairs = solutions.exercises(nb)  # each exercise cell followed by its solution cell, or an error
+    assert len(pairs) >= 2, f"{notebook.name}: at least two exercises"
     summary = next(i for i, c in enumerate(all_cells) if "summary" in c["metadata"].get("tags", []))
-    for i in solutions:
-        cell = all_cells[i]
-        assert cell["cell_type"] == "code" and cell["metadata"].get("jupyter", {}).get("source_hidden") is True
-        assert text(all_cells[i - 1]).startswith("**Exercise"), "each solution follows its exercise"
-        assert i < summary, "exercises run before the summary (which stops Ray)"
-        assert "#@save" not in text(cell), "a solution is never exported"
+    for number, (exercise, solution) in enumerate(pairs, start=1):
+        assert text(all_cells[exercise - 1]).startswith(f"**Exercise {number}:"), "the question comes first"
+        learner = all_cells[exercise]
+        assert learner["cell_type"] == "code" and ast.parse(text(learner)).body == [], \
+            "the learner's cell holds comments only: run all runs nothing there"
+        assert learner["outputs"] == [] and learner["execution_count"] is None
+        folded = text(all_cells[solution])
+        assert folded.startswith("<details>\n<summary>Solution</summary>") and folded.endswith("</details>")
+        ast.parse(solutions.solution_code(all_cells[solution]))  # the folded code is Python
+        assert "#@save" not in folded, "a solution is never exported"
+        assert solution < summary, "exercises run before the summary (which stops Ray)"
+    assert not [c for c in all_cells if c["cell_type"] == "code" and "solution" in c["metadata"].get("tags", [])], \
+        "no solution is a code cell that run all would run"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_the_learner_s_text_holds_no_maintainers_sentences(notebook):
+    for cell in cells(notebook):
+        said = text(cell).lower()
+        assert "the tests run" not in said and "tests execute" not in said, text(cell)[:200]
+
+
+def test_with_solutions_puts_each_solution_after_its_folded_block():
+    from helpers import solutions
+
+    nb = json.loads(runner.notebook_paths(pattern="04_*.ipynb")[0].read_text())
+    ran = solutions.with_solutions(nb)
+    inserted = [i for i, c in enumerate(ran["cells"]) if solutions.RAN_TAG in c["metadata"].get("tags", [])]
+    assert len(inserted) == len(solutions.exercises(nb)) == 3
+    for index in inserted:
+        assert "solution" in ran["cells"][index - 1]["metadata"]["tags"]
+        assert ran["cells"][index]["source"] == solutions.solution_code(ran["cells"][index - 1])
+    assert len(ran["cells"]) == len(nb["cells"]) + 3 and len(nb["cells"]) == len(json.loads(
+        runner.notebook_paths(pattern="04_*.ipynb")[0].read_text())["cells"]), "the original is left as it was"
+    broken = {"cells": [{"cell_type": "code", "metadata": {"tags": ["exercise"]}, "source": "# here"}]}
+    with pytest.raises(solutions.SolutionError, match="must be followed by a markdown cell"):
+        solutions.exercises(broken)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
@@ -108,8 +144,8 @@ def test_every_cell_has_a_unique_id(notebook):
 
 def test_catch_up_runs_only_the_notebooks_before_the_one_a_learner_joins_at(monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(runner, "execute", lambda notebook, output, parameters: ran.append(notebook.name[:2])
-                        or runner.NotebookRun(notebook.name, "ok", 0.0, output))
+    monkeypatch.setattr(runner, "execute", lambda notebook, output, parameters, solutions=False: ran.append(
+        notebook.name[:2]) or runner.NotebookRun(notebook.name, "ok", 0.0, output))
     assert runner.main(["--before", "04"]) == 0
     assert ran == ["01", "02", "03"] and "03_ray_data_preprocessing.ipynb" in capsys.readouterr().out
 

@@ -9,10 +9,10 @@ import ray.train
 from mlflow.tracking import MlflowClient
 
 from conftest import assert_ctrl_c_interrupts, uploaded_bucket
-from helpers import cluster, listing, preprocess, storage, tracking, training, upload
+from helpers import cluster, interrupts, listing, preprocess, storage, tracking, training, upload
 
 SMOKE = 300
-PARAMS = {**training.DEFAULT_PARAMS, "epochs": 5, "lr": 0.05, "hidden_sizes": [64], "batch_size_per_worker": 32}
+PARAMS = {**training.DEFAULT_PARAMS, "epochs": 5, "hidden_sizes": [64], "batch_size_per_worker": 32}
 pytestmark = pytest.mark.slow
 
 
@@ -40,7 +40,7 @@ def train_and_test(settings, bucket, params, num_workers=2, experiment="tests-tr
     config = {**params, "tracking_uri": settings.mlflow_tracking_uri, "run_id": run_id, **extra}
     trainer = training.make_trainer(config, {"train": train_ds}, num_workers, run_name, f"{bucket}/ray-results",
                                     cluster_cpus=resources["CPU"], settings=settings)
-    with training.interrupt_handler_restored():
+    with interrupts.stop_cleanly("Training", trainer=trainer):
         result = trainer.fit()
     net, state = training.load_checkpoint(result.checkpoint)
     images, labels = preprocess.dataset_to_numpy(test_ds)
@@ -355,7 +355,7 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
     import threading
     import time
 
-    from helpers import notebook, stack
+    from helpers import interrupts, notebook, stack
     from helpers.config import load_settings
 
     state = tmp_path / "store"
@@ -384,7 +384,7 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
             trainer = training.make_trainer(config, {"train": train_ds}, 2, run_name, "ckpt/ray-results",
                                             cluster_cpus=resources["CPU"], settings=private)
             try:
-                with training.interrupt_handler_restored():
+                with interrupts.stop_cleanly("Training", trainer=trainer):
                     return run_id, trainer.fit()
             except BaseException as error:
                 tracking.mark_resumable(client, run_id, error)

@@ -24,6 +24,8 @@ from helpers.config import ParameterError, load_settings
 
 SMOKE = 240
 GRID = [{"optimizer": "sgd", "epochs": 1}, {"optimizer": "adam", "epochs": 2}]
+START = exp.DEFAULT_PARAMS  # notebook 04's defaults: where no sweep ran
+EXPERIMENT = "tests-lakefs"
 pytestmark = [pytest.mark.lakefs, pytest.mark.slow]
 
 
@@ -55,7 +57,7 @@ def imported(repo, source_bucket, client):
 
 @pytest.fixture(scope="module")
 def experiments(repo, imported, lk_settings):
-    return exp.run_experiments(repo, GRID, lk_settings)
+    return exp.run_experiments(repo, GRID, START, EXPERIMENT, lk_settings)
 
 
 def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported, source_bucket, client):
@@ -111,9 +113,9 @@ def test_each_experiment_commits_three_files_with_params_and_recomputed_metrics(
         assert exp.decode_metadata(commit.metadata, "metric") == metrics == result.metrics
         assert params["data_commit"] == imported[1].commit_id and params["train_images"] == SMOKE
         recomputed = exp.evaluate_commit(repo, result.commit_id)
-        assert recomputed["accuracy"] == metrics["accuracy"]  # not accuracy + 0.5
+        assert recomputed["test_accuracy"] == metrics["test_accuracy"]  # not accuracy + 0.5
         assert recomputed["test_loss"] == pytest.approx(metrics["test_loss"], abs=1e-6)
-        assert 0.1 < metrics["accuracy"] <= 1.0
+        assert 0.1 < metrics["test_accuracy"] <= 1.0
 
 
 def test_mlflow_run_and_lakefs_commit_point_at_each_other(repo, experiments, lk_settings):
@@ -124,7 +126,7 @@ def test_mlflow_run_and_lakefs_commit_point_at_each_other(repo, experiments, lk_
         run = MlflowClient(uri).get_run(result.mlflow_run_id)
         assert run.data.tags["lakefs.commit"] == result.commit_id
         assert run.data.tags["lakefs.branch"] == result.branch and run.data.tags["lakefs.repository"] == repo.id
-        assert tracking.run_metrics(uri, result.mlflow_run_id)["accuracy"] == result.metrics["accuracy"]
+        assert tracking.run_metrics(uri, result.mlflow_run_id)["test_accuracy"] == result.metrics["test_accuracy"]
         data = result.params["data_commit"]
         sources = {i.dataset.name: json.loads(i.dataset.source)["uri"] for i in run.inputs.dataset_inputs}
         assert sources == {"mnist-train": f"s3://{repo.id}/{data}/train/", "mnist-test": f"s3://{repo.id}/{data}/test/"}
@@ -135,13 +137,13 @@ def test_mlflow_run_and_lakefs_commit_point_at_each_other(repo, experiments, lk_
 def test_comparison_table_equals_what_lakefs_holds(repo, experiments):
     table = exp.compare_experiments(repo, [r.branch for r in experiments])
     assert sorted(table.branch) == sorted(r.branch for r in experiments)
-    assert list(table.accuracy) == sorted(table.accuracy, reverse=True)
+    assert list(table.test_accuracy) == sorted(table.test_accuracy, reverse=True)
     for row in table.itertuples():
         head = repo.branch(row.branch).get_commit()
         stored = json.loads(repo.ref(head.id).object(exp.METRICS_PATH).reader(pre_sign=False).read())
         assert row.commit_id == head.id and row.metrics_match
-        assert (row.accuracy, row.test_loss, row.train_loss) == (stored["accuracy"], stored["test_loss"],
-                                                               stored["train_loss"])
+        assert (row.test_accuracy, row.test_loss, row.train_loss) == (stored["test_accuracy"], stored["test_loss"],
+                                                                    stored["train_loss"])
         assert row.optimizer == json.loads(head.metadata["param.optimizer"])
 
 
@@ -187,17 +189,30 @@ def test_the_promoted_model_becomes_the_champion_and_a_new_winner_moves_the_alia
     # the two promotions test_promote made: model-v1 (experiments[1]), then model-v2 (experiments[0])
     promotions = [exp.Promotion(e.branch, repo.tag(tag).get_commit().id, tag)
                   for e, tag in ((experiments[1], "model-v1"), (experiments[0], "model-v2"))]
-    first = exp.register_champion(repo, promotions[0], client, name)
+    x_test, y_test = lakefs_test_images(repo, promotions[0].merge_commit)
+    first = exp.register_version(repo, promotions[0], client, name)
+    assert exp.current_champion(client, name) is None  # registered, not yet crowned
+    new, old, moved = exp.champion_if_better(client, first, x_test, y_test, name)
+    assert (old, moved) == (None, True) and new == experiments[1].metrics["test_accuracy"]
     assert client.get_model_version_by_alias(name, "champion").version == "1"
+    # the second promotion's model is tested against the champion on the same images: the better one stays
     promotion = promotions[1]
-    second = exp.register_champion(repo, promotion, client, name)
+    second = exp.register_version(repo, promotion, client, name)
     assert (int(first.version), int(second.version)) == (1, 2)
+    new, old, moved = exp.champion_if_better(client, second, x_test, y_test, name)
+    assert (new, old) == (experiments[0].metrics["test_accuracy"], experiments[1].metrics["test_accuracy"])
+    assert moved == (new >= old)
     champion_version = client.get_model_version_by_alias(name, "champion")
-    assert champion_version.version == "2" and champion_version.tags["lakefs.commit"] == promotion.merge_commit
-    assert champion_version.run_id == experiments[0].mlflow_run_id
+    assert champion_version.version == ("2" if moved else "1")
+    winner = promotion if moved else promotions[0]
+    assert champion_version.tags["lakefs.commit"] == winner.merge_commit
     champion = mlflow.pyfunc.load_model(f"models:/{name}@champion")
-    x_test, y_test = lakefs_test_images(repo, promotion.merge_commit)
-    assert float((champion.predict(x_test).argmax(axis=1) == y_test).mean()) == experiments[0].metrics["accuracy"]
+    assert float((champion.predict(x_test).argmax(axis=1) == y_test).mean()) == max(new, old)
+    # a model that is worse than the champion never takes the alias
+    worse = exp.register_version(repo, promotions[0] if moved else promotion, client, name)
+    if (old if moved else new) < max(new, old):
+        assert exp.champion_if_better(client, worse, x_test, y_test, name)[2] is False
+        assert client.get_model_version_by_alias(name, "champion").version == champion_version.version
 
 
 def test_reproduce_from_a_commit_id_alone(repo, experiments):
@@ -207,11 +222,12 @@ def test_reproduce_from_a_commit_id_alone(repo, experiments):
     assert signal.getsignal(signal.SIGINT) is handler  # Ray Train's fit() leaves its own behind: put back
     assert reproduction.within_tolerance and reproduction.recorded == result.metrics
     assert reproduction.params == result.params
-    assert reproduction.reproduced["accuracy"] == pytest.approx(result.metrics["accuracy"], abs=reproduction.tolerance)
+    assert reproduction.reproduced["test_accuracy"] == pytest.approx(result.metrics["test_accuracy"],
+                                                                     abs=reproduction.tolerance)
 
 
 def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_settings):
-    again = exp.run_experiments(repo, GRID[:1], lk_settings)
+    again = exp.run_experiments(repo, GRID[:1], START, EXPERIMENT, lk_settings)
     assert again[0].branch == experiments[0].branch and again[0].commit_id != experiments[0].commit_id
     assert again[0].metrics == experiments[0].metrics  # same data, same seed: the same model
 
@@ -219,9 +235,9 @@ def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_setti
 def test_a_bad_grid_fails_before_any_branch_is_made(repo):
     branches = {b.id for b in repo.branches()}
     with pytest.raises(ParameterError, match="optimizer must be one of"):
-        exp.run_experiments(repo, [{"optimizer": "rmsprop"}])
+        exp.run_experiments(repo, [{"optimizer": "rmsprop"}], START, EXPERIMENT)
     with pytest.raises(ParameterError, match="Unknown experiment parameter"):
-        exp.run_experiments(repo, [{"optimiser": "sgd"}])
+        exp.run_experiments(repo, [{"optimiser": "sgd"}], START, EXPERIMENT)
     assert {b.id for b in repo.branches()} == branches
 
 

@@ -1,0 +1,179 @@
+"""The kernel's Interrupt button on a Ray cell: one line, what stopped and what to run next, nothing left running.
+
+A timer thread sends this process SIGINT, as JupyterLab's Interrupt button sends the kernel, while the main
+thread is inside Ray Train's ``fit()``, Ray Tune's ``Tuner.fit()`` or a Ray Data pipeline.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+
+from conftest import uploaded_bucket
+from helpers import cluster, interrupts, notebook, preprocess, training
+
+SMOKE = 300
+
+
+@pytest.fixture(autouse=True)
+def kernel_like_ctrl_c():
+    """Ctrl-C raises KeyboardInterrupt in the main thread, as in a Jupyter kernel (a test process may ignore it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_in(seconds: float) -> threading.Timer:
+    """SIGINT to this process after ``seconds``, as the Interrupt button sends the kernel."""
+    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def ray_processes(title: str) -> list[psutil.Process]:
+    """Live processes whose title names a Ray actor class (Ray sets ``ray::<Class>...`` as the process title)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if f"ray::{title}" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def gone_within(title: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while ray_processes(title) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return not ray_processes(title)
+
+
+def test_an_interrupt_is_one_line_and_the_handler_comes_back():
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(interrupts.Interrupted) as stopped, interrupts.stop_cleanly("Work", "Run it again."):
+        raise KeyboardInterrupt
+    assert str(stopped.value) == "Work stopped: you interrupted it. Run it again."
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert notebook.user_error_line(stopped.value) == f"Interrupted: {stopped.value}"
+
+
+def test_a_handler_installed_inside_the_block_is_undone_and_system_exit_of_others_passes():
+    handler = signal.getsignal(signal.SIGINT)
+    with interrupts.stop_cleanly("Work"):
+        signal.signal(signal.SIGINT, lambda *_: None)  # what Ray Train's fit() leaves behind
+    assert signal.getsignal(signal.SIGINT) is handler
+    with pytest.raises(SystemExit), interrupts.stop_cleanly("Work"):
+        raise SystemExit(3)  # not an interrupt, and no trainer whose Ctrl-C handler could raise it
+
+
+def test_a_sweep_stopped_by_tune_s_first_ctrl_c_is_an_interrupt():
+    class Tuner:  # what Ray Tune's fit() does with the handler: install its own, put the previous back when it fires
+        def fit(self, fire: bool):
+            previous = signal.getsignal(signal.SIGINT)
+            signal.signal(signal.SIGINT, lambda *_: None)
+            if fire:
+                signal.signal(signal.SIGINT, previous)
+
+    with interrupts.stop_cleanly("The sweep", tuner=Tuner()):
+        Tuner().fit(fire=False)
+    with pytest.raises(interrupts.Interrupted, match="The sweep stopped"), \
+            interrupts.stop_cleanly("The sweep", tuner=Tuner()):
+        Tuner().fit(fire=True)
+
+
+def test_the_resume_line_names_the_checkpoint_ray_train_recorded(tmp_path):
+    from types import SimpleNamespace
+
+    from pyarrow import fs
+
+    run_config = SimpleNamespace(storage_filesystem=fs.LocalFileSystem(), storage_path=str(tmp_path), name="run")
+    trainer = SimpleNamespace(run_config=run_config)
+    assert interrupts.resumes(trainer)() == "Run this cell again: training starts over, as no checkpoint was saved yet."
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint_manager_snapshot.json").write_text(json.dumps(
+        {"latest_checkpoint_result": {"checkpoint_dir_name": "checkpoint_x", "metrics": {"epoch": 5}}}))
+    assert interrupts.resumes(trainer)() == "Run this cell again: training resumes from the checkpoint of epoch 5."
+
+
+@pytest.fixture(scope="module")
+def interrupt_bucket(client):
+    with uploaded_bucket(client, "stop", SMOKE) as name:
+        yield name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_an_interrupted_fit_stops_its_workers_and_the_rerun_resumes_from_its_checkpoint(settings, interrupt_bucket):
+    resources = cluster.init_ray(settings)
+    train_ds, _ = preprocess.load_datasets(interrupt_bucket, SMOKE, settings)
+    params = {**training.DEFAULT_PARAMS, "epochs": 3000, "checkpoint_every": 2, "hidden_sizes": [32]}  # minutes
+    name = training.unique_run_name("stop")
+
+    def trainer():
+        return training.make_trainer(params, {"train": train_ds}, 2, name, f"{interrupt_bucket}/ray-results",
+                                     cluster_cpus=resources["CPU"], settings=settings)
+
+    def fit(run):
+        with interrupts.stop_cleanly("Training", interrupts.resumes(run), trainer=run):
+            return run.fit()
+
+    first = trainer()
+    handler = signal.getsignal(signal.SIGINT)
+    pressed = {}
+
+    def press_once_a_checkpoint_is_saved():  # as a learner would: epochs have gone by, a checkpoint is in the bucket
+        deadline = time.monotonic() + 240
+        while interrupts.latest_checkpoint_epoch(first) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        pressed["at"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_once_a_checkpoint_is_saved, daemon=True).start()
+    with pytest.raises(interrupts.Interrupted) as stopped:
+        fit(first)
+    assert time.monotonic() - pressed["at"] < 30, "the cell stops within seconds of the interrupt"
+    line = str(stopped.value)
+    assert line.startswith("Training stopped: you interrupted it. Run this cell again: training resumes from "
+                           "the checkpoint of epoch "), line
+    epoch = int(line.rsplit(" ", 1)[1].rstrip("."))
+    assert epoch >= 2 and epoch % 2 == 0
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert gone_within("RayTrainWorker", 20) and gone_within("TrainController", 20), "nothing left running"
+    # the cell again: the same run name, and Ray Train restores that checkpoint
+    params["epochs"] = epoch + 2
+    result = fit(trainer())
+    _, state = training.load_checkpoint(result.checkpoint)
+    resumed = [row["epoch"] for row in state["history"] if row.get("resumed_from_here")]
+    assert resumed == [epoch] and state["epoch"] == epoch + 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_an_interrupted_pipeline_is_one_line_and_its_actors_stop(settings, interrupt_bucket):
+    from helpers import listing
+
+    cluster.init_ray(settings)
+    keys, labels, *_ = listing.get_train_test_data(interrupt_bucket, SMOKE, "manifest")
+    slow = preprocess.to_ray_dataset(keys * 200, labels * 200)  # 60,000 rows: a minute of work on 2 cores
+    timer = interrupt_in(12)
+    with pytest.raises(interrupts.Interrupted) as stopped, notebook.timed("actors: fetch + decode"):
+        preprocess.preprocess_with_actors(slow, interrupt_bucket, num_actors=2).materialize()
+    timer.cancel()
+    assert str(stopped.value) == ("actors: fetch + decode stopped: you interrupted it. Nothing it made is kept; "
+                                  "run the cell again.")
+    assert gone_within("ObjectPreprocessor", 30), "the pipeline's actors stopped"
+
+
+def test_ray_train_still_hands_its_controller_to_the_method_stop_cleanly_replaces():
+    """stop_cleanly keeps Ray Train's own Ctrl-C handler out by replacing this method on the trainer; a Ray version
+    without it would bring back the SystemExit (caught, but the run then ends by Ray's handler, not by abort)."""
+    import inspect
+
+    from ray.train.torch import TorchTrainer
+
+    assert "controller" in inspect.signature(TorchTrainer._register_sigint_handler).parameters
