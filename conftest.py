@@ -43,7 +43,10 @@ def session_stack() -> Path | None:
     if os.environ.get("S3_ENDPOINT"):
         _SESSION["state"] = None
         return None
+    import mlflow
+
     from helpers import stack
+    from helpers.config import load_settings
 
     state = Path(tempfile.mkdtemp(prefix="stack-test-"))
     _SESSION["state"] = state
@@ -51,6 +54,7 @@ def session_stack() -> Path | None:
     # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
     # as a learner's notebook finds .stack: the notebooks say "embedded stack", as in their committed outputs.
     os.environ["STACK_STATE_DIR"] = str(state)
+    mlflow.set_tracking_uri(load_settings().mlflow_tracking_uri)  # this process's own MLflow calls
     return state
 
 

@@ -89,7 +89,9 @@ def setup(quiet: bool = True) -> None:
         if not isinstance(error, USER_ERRORS):  # a ValueError of another kind: the whole traceback, as always
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
             return
-        shell.showtraceback((type(error), error, None), exception_only=True)
+        # The error output with one line as its whole traceback (IPython's exception_only form would add
+        # "An exception has occurred, use %tb to see the full traceback." above it).
+        shell._showtraceback(type(error), error, [user_error_line(error)])
 
     # Every error passes here; those user_error() does not recognise keep their whole traceback.
     shell.set_custom_exc((Exception,), one_line)

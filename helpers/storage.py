@@ -13,6 +13,7 @@ import contextlib
 import ipaddress
 import os
 import re
+import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -225,9 +226,13 @@ def ensure_bucket(client: Minio, bucket: str) -> bool:
         try:
             client.make_bucket(bucket)
         except S3Error as err:
-            if err.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise
-            return False  # another notebook created it between the two calls
+            if err.code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return False  # another notebook created it between the two calls
+            for _ in range(30):  # SeaweedFS answers a create that races another's with other codes: it comes
+                if client.bucket_exists(bucket):
+                    return False
+                time.sleep(0.1)
+            raise
         return True
 
 

@@ -224,3 +224,18 @@ def test_the_ray_init_cell_stands_for_ray_s_start_where_the_notebook_shows_the_c
     assert bench_smoke.ray_init_seconds(path) == 0.4
     path.write_text(json.dumps({"cells": [cell("cluster.init_ray()", 0.4)]}))
     assert bench_smoke.ray_init_seconds(path) is None
+
+
+def test_the_times_and_the_accuracy_the_readme_and_notebooks_state_are_the_measured_ones():
+    """README's notebook table and 04's full-size accuracy, and each notebook's Time row, say what
+    benchmarks/results/*.json hold (benchmarks/report.py writes them)."""
+    import report
+
+    assert report.main(["--check"]) == 0, "run `python benchmarks/report.py` after `make bench`"
+
+
+def test_the_report_formats_times_and_marks_what_was_not_measured():
+    import report
+
+    assert report.duration(None) == "—" and report.duration(42.4) == "42 s" and report.duration(126) == "2.1 min"
+    assert report.between("a <!--x--> old <!--y--> b", ("<!--x-->", "<!--y-->"), "new") == "a <!--x-->\nnew\n<!--y--> b"

@@ -179,3 +179,18 @@ def test_the_mermaid_check_refuses_what_mermaid_refuses():
     assert mermaid_errors(broken) == ['    TR -->|"tune.report each epoch"| SCASHA rung:<br/>in the top half?']
     assert mermaid_errors('flowchart LR\n    A["x"] -->|"y"| B{"z"}\n    B -.-> C[("d")]') == []
     assert mermaid_errors("graph LR\n    A --> B") == ["graph LR"]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name[:2])
+def test_committed_outputs_hold_no_warning_and_the_checked_cells_show_text(notebook):
+    """No warning in what a learner reads (06's raylet warnings had a cause, now gone), and every cell nbval
+    checks has an output of text only: no figure, no stderr, which would make the check flaky or empty."""
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+    for index, cell in enumerate(cells(notebook)):
+        for output in cell.get("outputs", []):
+            shown = json.dumps(output)
+            assert "WARNING" not in shown and not ansi.search("".join(output.get("text", ""))), f"cell {index}"
+        if "nbval-check-output" in cell["metadata"].get("tags", []):
+            assert cell["outputs"], f"cell {index}: checked, but has no committed output"
+            for output in cell["outputs"]:
+                assert output.get("name") != "stderr" and "image/png" not in output.get("data", {}), f"cell {index}"

@@ -101,7 +101,7 @@ def test_checkpoint_is_in_the_bucket(trained, client, train_bucket):
 def test_rank_0_logs_one_value_per_epoch_into_the_drivers_run(trained, settings):
     uri, run_id = settings.mlflow_tracking_uri, trained.run_id
     run = MlflowClient(uri).get_run(run_id)
-    assert run.data.params["lr"] == "0.05" and run.data.params["epochs"] == "5"
+    assert run.data.params["lr"] == str(PARAMS["lr"]) and run.data.params["epochs"] == "5"
     assert run.data.params["num_workers"] == "2" and run.data.params["hidden_sizes"] == "[64]"
     for key in ("train_loss", "train_accuracy"):
         assert [step for step, _ in tracking.metric_history(uri, run_id, key)] == [1, 2, 3, 4, 5]
