@@ -13,6 +13,7 @@ from helpers.config import ENV_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 KNOWN_ENV = {name for names in ENV_NAMES.values() for name in names}
+RAY_AUTH_ENV = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}  # Ray's own: token authentication on every node and driver
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +53,12 @@ def test_ports_are_published_on_loopback_only(compose):
 def test_buckets_created_without_public_policy(compose):
     from helpers import stack, versioning
 
-    init = compose["services"]["minio-init"]["entrypoint"]
-    assert "mc alias set local http://minio:9000" in init and "mc mb --ignore-existing" in init
+    entrypoint = compose["services"]["minio-init"]["entrypoint"]
+    assert entrypoint[:2] == ["/bin/sh", "-c"]
+    init = entrypoint[2]
+    # the keys reach mc on stdin, through the shell's own printf: never in a process's command line
+    assert "| mc alias import local" in init and '"url":"http://minio:9000"' in init
+    assert "mc alias set" not in init and "mc mb --ignore-existing" in init
     for bucket in ("mnist", "mlflow", versioning.LAKEFS_BUCKET, stack.LAKEFS_BUCKET):
         assert f"local/{bucket}" in init
     assert "anonymous" not in init and "policy" not in init
@@ -117,7 +122,9 @@ def test_minio_images_come_from_quay_not_the_withdrawn_docker_hub_repositories(c
 
 def test_jupyter_image_has_cpu_torch_and_a_non_root_user(compose):
     dockerfile = (ROOT / "docker" / "jupyter.Dockerfile").read_text()
-    cpu = dockerfile.index("--index-url https://download.pytorch.org/whl/cpu")
+    # CPU wheels by default; a GPU image is the same file built with another index (deploy/kuberay/README.md)
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu$", dockerfile, re.M)
+    cpu = dockerfile.index('--index-url "${TORCH_INDEX_URL}"')
     requirements = dockerfile.index("-r requirements.txt")
     assert cpu < requirements, "CPU wheels first, so requirements.txt finds torch already satisfied"
     pins = dict(re.findall(r"^(torch|torchvision)==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
@@ -155,7 +162,8 @@ def test_mlflow_proxies_artifacts_and_allows_its_service_name(compose):
 def test_jupyter_environment_is_what_helpers_config_reads(compose):
     jupyter = compose["services"]["jupyter"]
     assert jupyter["shm_size"]
-    assert set(jupyter["environment"]) - {"JUPYTER_TOKEN"} <= KNOWN_ENV, set(jupyter["environment"]) - KNOWN_ENV
+    unknown = set(jupyter["environment"]) - {"JUPYTER_TOKEN"} - RAY_AUTH_ENV - KNOWN_ENV
+    assert not unknown, unknown
     assert {"S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "MLFLOW_TRACKING_URI", "LAKEFS_ENDPOINT",
             "LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"} <= set(jupyter["environment"])
     assert jupyter["environment"]["LAKEFS_ENDPOINT"] == "http://lakefs:8000"
@@ -165,7 +173,7 @@ def test_jupyter_environment_is_what_helpers_config_reads(compose):
 def test_env_example_documents_only_known_variables():
     example = dotenv_values(ROOT / ".env.example")
     compose_only = {"MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD", "LAKEFS_AUTH_ENCRYPT_SECRET_KEY", "RAY_HEAD_CPUS",
-                    "RAY_WORKER_CPUS", "JUPYTER_TOKEN"}
+                    "RAY_WORKER_CPUS", "JUPYTER_TOKEN", "MLFLOW_FLASK_SERVER_SECRET_KEY", "RAY_AUTH_TOKEN"}
     assert set(example) <= KNOWN_ENV | compose_only, set(example) - KNOWN_ENV - compose_only
     assert compose_only <= set(example)
 
@@ -238,3 +246,72 @@ def test_compose_refuses_the_placeholder_secrets_of_env_example(compose):
     # nothing starts before the check passed: minio waits for it, everything else waits for minio
     assert compose["services"]["minio"]["depends_on"]["check-secrets"]["condition"] == \
         "service_completed_successfully"
+
+
+CLIENTS = ("jupyter", "ray-head", "ray-worker")  # every process that talks to MLflow or joins Ray
+
+
+def test_mlflow_runs_basic_auth_with_its_admin_from_env(compose):
+    mlflow = compose["services"]["mlflow"]
+    env = mlflow["environment"]
+    assert "--app-name basic-auth" in mlflow["command"]
+    # the server's admin is the very user every client signs in with
+    assert env["MLFLOW_AUTH_ADMIN_USERNAME"].startswith("${MLFLOW_TRACKING_USERNAME:?")
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"].startswith("${MLFLOW_TRACKING_PASSWORD:?")
+    assert env["MLFLOW_FLASK_SERVER_SECRET_KEY"].startswith("${MLFLOW_FLASK_SERVER_SECRET_KEY:?")
+    for name in CLIENTS:
+        client = compose["services"][name]["environment"]
+        assert client["MLFLOW_TRACKING_URI"] == "http://mlflow:5000", name
+        assert client["MLFLOW_TRACKING_USERNAME"] == env["MLFLOW_AUTH_ADMIN_USERNAME"], name
+        assert client["MLFLOW_TRACKING_PASSWORD"] == env["MLFLOW_AUTH_ADMIN_PASSWORD"], name
+
+
+def test_mlflow_image_has_the_auth_app_and_a_closed_default_permission():
+    import configparser
+
+    dockerfile = (ROOT / "docker" / "mlflow.Dockerfile").read_text()
+    requirements = (ROOT / "requirements.txt").read_text()
+    for package in ("mlflow", "Flask-WTF", "WTForms", "boto3"):  # the same versions as the notebooks' client
+        pinned = re.search(rf"^{package}==(\S+)", requirements, re.M)
+        assert pinned and re.search(rf"\b{package}(\[auth\])?==({re.escape(pinned.group(1))})\b", dockerfile), package
+    assert '"mlflow[auth]==' in dockerfile, "the auth extra: Flask-WTF for the basic-auth app's forms"
+    copied = re.search(r"^COPY (\S+) (\S+)$", dockerfile, re.M)
+    assert copied and re.search(rf"^ENV MLFLOW_AUTH_CONFIG_PATH={re.escape(copied.group(2))}$", dockerfile, re.M)
+    config = configparser.ConfigParser()
+    assert config.read(ROOT / copied.group(1))
+    section = config["mlflow"]
+    assert section["default_permission"] == "NO_PERMISSIONS"
+    assert section["database_uri"].startswith("sqlite:////mlflow/"), "on the mlflow-db volume, beside mlflow.db"
+    assert not {"admin_username", "admin_password"} & set(section), "the admin comes from the environment"
+
+
+def test_mlflow_health_check_needs_no_login(compose):
+    from mlflow.server.auth import is_unprotected_route
+
+    test = " ".join(compose["services"]["mlflow"]["healthcheck"]["test"])
+    path = re.search(r"http://localhost:5000(/\S*?)'", test).group(1)
+    assert path == "/health" and is_unprotected_route(path), "basic auth would answer 401 to the health check"
+    assert not is_unprotected_route("/api/2.0/mlflow/experiments/search")
+
+
+def test_ray_nodes_and_jupyter_use_token_authentication(compose):
+    for name in CLIENTS:
+        env = compose["services"][name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token", name
+        assert env["RAY_AUTH_TOKEN"] == "${RAY_AUTH_TOKEN:?set RAY_AUTH_TOKEN in .env}", name
+    # Ray's health endpoints answer without the token, so the head's health check keeps working
+    assert "/api/gcs_healthz" in " ".join(compose["services"]["ray-head"]["healthcheck"]["test"])
+
+
+def test_no_secret_reaches_a_command_line(compose):
+    """Secrets travel in the environment: a value in `command:` would show in `ps` and `docker inspect`."""
+    secrets = {name for name, value in dotenv_values(ROOT / ".env.example").items() if value and "change" in value}
+    secrets |= {"RAY_AUTH_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY", "JUPYTER_TOKEN"}
+    for name, service in compose["services"].items():
+        for field in ("command", "entrypoint"):
+            line = service.get(field, "")
+            line = " ".join(line) if isinstance(line, list) else line
+            interpolated = set(re.findall(r"(?<!\$)\$\{(\w+)", line))  # ${X}: compose writes the value in
+            assert not interpolated & secrets, f"{name}.{field}: {interpolated & secrets}"
+            assert not re.search(r"--(token|password|secret)", line), f"{name}.{field}"
+
