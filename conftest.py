@@ -54,7 +54,12 @@ def session_stack() -> Path | None:
     # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
     # as a learner's notebook finds .stack: the notebooks say "embedded stack", as in their committed outputs.
     os.environ["STACK_STATE_DIR"] = str(state)
-    mlflow.set_tracking_uri(load_settings().mlflow_tracking_uri)  # this process's own MLflow calls
+    settings = load_settings()
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)  # this process's own MLflow calls, signed in
+    # set_tracking_uri also exports MLFLOW_TRACKING_URI, which every kernel nbval starts would inherit and then
+    # name as the source ("from environment") where the committed outputs say "embedded stack".
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    settings.use_mlflow_credentials()
     return state
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers import ray_service, timings
+from helpers import ray_service, timings, worker_env
 from helpers.config import ConfigError, Settings, load_settings, state_dir
 from helpers.worker_env import (
     LOCAL_RAY_DEFAULTS,
@@ -272,6 +272,7 @@ def init_ray(settings: Settings | None = None, num_cpus: int | None = None, quie
 
     if ray.is_initialized():
         return ray.cluster_resources()
+    worker_env.private_ray_tmpdir()  # not the /tmp/ray every user of the machine shares
     where = ray_connection(settings, address, num_cpus, dashboard)
     started = time.time()
     with where.environment:

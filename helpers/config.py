@@ -42,13 +42,15 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
     "s3_region": ("S3_REGION",),
     "bucket": ("MNIST_BUCKET",),
     "mlflow_tracking_uri": ("MLFLOW_TRACKING_URI",),
+    "mlflow_username": ("MLFLOW_TRACKING_USERNAME",),
+    "mlflow_password": ("MLFLOW_TRACKING_PASSWORD",),
     "lakefs_endpoint": ("LAKEFS_ENDPOINT",),
     "lakefs_access_key": ("LAKEFS_ACCESS_KEY_ID", "LAKEFS_ACCESS_KEY"),
     "lakefs_secret_key": ("LAKEFS_SECRET_ACCESS_KEY", "LAKEFS_SECRET_KEY"),
     "ray_address": ("RAY_ADDRESS",),
 }
 
-_SECRET_FIELDS = {"s3_access_key", "s3_secret_key", "lakefs_access_key", "lakefs_secret_key"}
+_SECRET_FIELDS = {"s3_access_key", "s3_secret_key", "mlflow_password", "lakefs_access_key", "lakefs_secret_key"}
 
 
 class ConfigError(ValueError):
@@ -111,6 +113,8 @@ class Settings:
     s3_region: str = "us-east-1"
     bucket: str = "mnist"
     mlflow_tracking_uri: str = ""
+    mlflow_username: str = ""
+    mlflow_password: str = field(default="", repr=False)
     lakefs_endpoint: str = ""
     lakefs_access_key: str = field(default="", repr=False)
     lakefs_secret_key: str = field(default="", repr=False)
@@ -139,6 +143,17 @@ class Settings:
                 value = "****" if value else "(unset)"
             out[f.name] = f"{value}  [{self.sources.get(f.name, 'default')}]"
         return out
+
+    def use_mlflow_credentials(self) -> None:
+        """Let this process's MLflow clients sign in to the tracking server (its basic-auth user and password).
+
+        MLflow reads ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD`` at every request; set here
+        from the settings (the embedded stack's, or the ones given), never over ones already set.
+        """
+        for name, value in (("MLFLOW_TRACKING_USERNAME", self.mlflow_username),
+                            ("MLFLOW_TRACKING_PASSWORD", self.mlflow_password)):
+            if value:
+                os.environ.setdefault(name, value)
 
     def require_object_store(self) -> None:
         """Raise :class:`ConfigError` naming the fix when the object store is not configured."""

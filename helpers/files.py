@@ -33,3 +33,24 @@ def private_folder(folder: Path) -> None:
     """Create ``folder`` (and its parents) readable by the owner only; an existing one is made so too."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     folder.chmod(0o700)  # also a folder an older version created 0755
+
+
+def private_temp_folder(name: str) -> Path:
+    """This user's own folder in the system's temporary folder: ``<tmp>/<name>-<uid>``, 0700.
+
+    For what needs a short path (Unix sockets: 107 bytes at most) and must not be shared: Ray, for one,
+    makes its session folders writable by everyone, so its temporary folder has to be private. Where
+    another user holds that name already (made first, to get in), a new folder of a unique name.
+    """
+    import stat
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"{name}-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            return Path(tempfile.mkdtemp(prefix=f"{name}-{os.getuid()}-"))
+    folder.chmod(0o700)
+    return folder

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import ctypes
 import hmac
+import json
 import os
 import re
 import secrets
@@ -33,6 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 from helpers import ray_service, stack
 from helpers.cluster import check_cluster
 from helpers.config import ConfigError, load_settings, project_root, state_dir
+from helpers.files import write_private
 
 # The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
 RAY_TOKEN_COOKIE = "ray-authentication-token"
@@ -70,10 +72,14 @@ def exit_with_parent() -> None:
 
 # --- JupyterLab ----------------------------------------------------------------
 
-def jupyter_command(port: int, token: str, notebook_dir: Path, as_root: bool) -> list[str]:
-    """The JupyterLab server's command line: 127.0.0.1 only, this token, no browser, these notebooks."""
+def jupyter_command(port: int, notebook_dir: Path, as_root: bool) -> list[str]:
+    """The JupyterLab server's command line: 127.0.0.1 only, no browser, these notebooks.
+
+    Its token is not on it: every user of the machine can read a process's command line (``ps``), so the
+    token goes in a file only its owner can read (:func:`start_jupyter`).
+    """
     command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
-               f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0",
+               "--ServerApp.port_retries=0",
                f"--ServerApp.root_dir={notebook_dir}",
                # No calls home (workshops may be offline): no news feed, no check for a newer JupyterLab.
                "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
@@ -84,15 +90,22 @@ def kernel_environment() -> dict[str, str]:
     """JupyterLab's environment, which its kernels inherit: someone is watching, so progress bars are widgets."""
     from helpers.notebook import HEADLESS_ENV
 
-    return {name: value for name, value in os.environ.items() if name != HEADLESS_ENV}
+    return {name: value for name, value in os.environ.items() if name not in (HEADLESS_ENV, "JUPYTER_TOKEN")}
 
 
-def start_jupyter(command: list[str], log_path: Path, state: Path) -> subprocess.Popen:
-    """Start JupyterLab in a session of its own, logging to a file (Ctrl-C reaches the lab, which stops it)."""
+def start_jupyter(command: list[str], token: str, log_path: Path, state: Path) -> subprocess.Popen:
+    """Start JupyterLab in a session of its own, logging to a file (Ctrl-C reaches the lab, which stops it).
+
+    Its token is read from a file of the state folder that only its owner can read (``JUPYTER_TOKEN_FILE``),
+    never from its command line.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    token_file = state / "jupyter-token"
+    write_private(token_file, token)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=kernel_environment(), start_new_session=True)
+                                env={**kernel_environment(), "JUPYTER_TOKEN_FILE": str(token_file)},
+                                start_new_session=True)
     stack.remember_process(state, JUPYTER_RECORD, proc.pid)
     return proc
 
@@ -109,18 +122,21 @@ def last_log_line(log_path: Path) -> str:
     return "(it logged nothing)"
 
 
-def wait_until_answers(proc: subprocess.Popen, port: int, log_path: Path, timeout: float = 120.0) -> None:
-    """Return once JupyterLab answers on ``port``.
+def wait_until_answers(proc: subprocess.Popen, port: int, token: str, log_path: Path,
+                       timeout: float = 120.0) -> None:
+    """Return once JupyterLab answers on ``port`` to ``token``.
 
     Raises:
         LabError: it exited first (the message is its last log line), or did not answer in time.
     """
     deadline = time.monotonic() + timeout
+    # Its status needs this lab's token: another user's JupyterLab on the same port refuses it.
+    ours = urllib.request.Request(f"http://127.0.0.1:{port}/api/status", headers={"Authorization": f"token {token}"})
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LabError(f"JupyterLab exited at start: {last_log_line(log_path)} (log: {log_path})")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api", timeout=2):
+            with urllib.request.urlopen(ours, timeout=2):
                 return
         except OSError:
             time.sleep(0.3)
@@ -145,15 +161,16 @@ def claim_state(state: Path) -> None:
     Raises:
         LabError: another ``make lab`` is running on this state folder.
     """
-    other = stack.remembered_process(state, LAB_RECORD)
-    if other is not None and other.pid != os.getpid():
-        raise LabError(f"make lab is already running (pid {other.pid}): use the URLs it printed, or stop it "
-                       f"first (Ctrl-C in its terminal, or `kill {other.pid}`).")
+    with stack.state_lock(state):  # two labs started at the same moment: one claims the state, the other is told
+        other = stack.remembered_process(state, LAB_RECORD)
+        if other is not None and other.pid != os.getpid():
+            raise LabError(f"make lab is already running (pid {other.pid}): use the URLs it printed, or stop it "
+                           f"first (Ctrl-C in its terminal, or `kill {other.pid}`).")
+        stack.remember_process(state, LAB_RECORD, os.getpid())
     leftover = stack.remembered_process(state, JUPYTER_RECORD)
     if leftover is not None:
         stop_process(leftover)
         print(f"Stopped the JupyterLab an earlier make lab left running (pid {leftover.pid}).")
-    stack.remember_process(state, LAB_RECORD, os.getpid())
 
 
 # --- Ray and its dashboard ---------------------------------------------------------
@@ -169,11 +186,46 @@ def ray_with_dashboard(state: Path, dashboard_port: int, cpus: int | None):
         print("The stack's Ray restarts with its dashboard while the lab runs.")
     settings = stack.ensure_stack(ray_dashboard_port=dashboard_port, ray_cpus=cpus)
     deadline = time.monotonic() + 60
+    # Asked with this user's token: another user's dashboard on the same port refuses it.
+    token = ray_token() if (ray_service.read_service(state) or {}).get("auth") == "token" else ""
+    ours = urllib.request.Request(f"{url}/api/jobs/", headers={"Authorization": f"Bearer {token}"} if token else {})
     while time.monotonic() < deadline:  # its dashboard comes up a moment after Ray
-        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/api/gcs_healthz", timeout=2):
+        with contextlib.suppress(OSError), urllib.request.urlopen(ours, timeout=2):
             return settings, url
         time.sleep(0.3)
     raise LabError(f"Ray's dashboard did not answer {url} within 60 s (log: {state / 'logs' / 'ray.log'}).")
+
+
+def refuse_to_stop_jobs(state: Path, dashboard_port: int) -> None:
+    """Raise :class:`LabError` where starting the lab's dashboard would restart a stack's Ray that runs jobs.
+
+    A ``make run``, a ``make catch-up`` or a notebook of another terminal works on the stack's Ray: restarting
+    it (to add the dashboard) would stop them mid-run.
+    """
+    service = ray_service.read_service(state)
+    if service is None or service.get("dashboard") == f"http://127.0.0.1:{dashboard_port}":
+        return
+    busy = running_jobs(service)
+    if busy:
+        raise LabError(f"The stack's Ray runs {len(busy)} job(s) ({', '.join(busy)}: a `make run`, `make catch-up` "
+                       "or a notebook): the lab would restart it with its dashboard and stop them. Run make lab "
+                       "once they are done, or stop them first.")
+
+
+def running_jobs(service: dict) -> list[str]:
+    """The drivers connected to the stack's Ray (notebooks, ``make run``), but the service's own: ``"pid N"`` each."""
+    from ray._raylet import GcsClient
+
+    from helpers.cluster import use_token_auth
+
+    if service.get("auth") == "token":
+        use_token_auth()
+    try:
+        jobs = GcsClient(address=service["address"]).get_all_job_info(timeout=10)
+    except Exception:  # noqa: BLE001 - a Ray that does not answer runs nothing worth keeping
+        return []
+    own = service.get("pid")
+    return [f"pid {job.driver_pid}" for job in jobs.values() if not job.is_dead and job.driver_pid not in (own, 0)]
 
 
 def restore_stack_ray(state: Path) -> None:
@@ -194,19 +246,58 @@ def ray_token() -> str:
     return token
 
 
-def start_dashboard_sign_in(port: int, key: str, token: str, dashboard_url: str) -> ThreadingHTTPServer:
-    """Serve the dashboard's sign-in link on 127.0.0.1:``port`` (``port`` 0: any free one).
+SIGN_IN_KEYS, LAB_FILE = "dashboard-sign-in-keys", "lab.json"  # in the state folder, both 0600
 
-    ``GET /?key=<key>`` sets Ray's own token cookie, as the dashboard's token prompt would, and forwards the
-    browser to the dashboard. Cookies belong to a host, not a port, so the dashboard on 127.0.0.1 receives it.
-    Without the key the page says where the link is, and sets nothing.
+
+@contextlib.contextmanager
+def _keys_locked(state: Path):
+    """Hold the lock of the sign-in keys: the lab uses them up while ``--sign-in-link`` adds one."""
+    import fcntl
+
+    fd = os.open(state / ".sign-in.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def new_sign_in_key(state: Path) -> str:
+    """A key for one use of the dashboard's sign-in link, added to the lab's private list of unused keys."""
+    key = secrets.token_urlsafe(16)
+    path = state / SIGN_IN_KEYS
+    with _keys_locked(state):
+        kept = path.read_text().split() if path.is_file() else []
+        write_private(path, "\n".join([*kept[-9:], key]) + "\n")  # a few unused links stay valid, not many
+    return key
+
+
+def use_sign_in_key(state: Path, given: str) -> bool:
+    """Whether ``given`` is an unused key; it is used up (removed) in the same step."""
+    path = state / SIGN_IN_KEYS
+    with _keys_locked(state):
+        keys = path.read_text().split() if path.is_file() else []
+        if not given or not any(hmac.compare_digest(given.encode(), key.encode()) for key in keys):
+            return False
+        write_private(path, "".join(f"{key}\n" for key in keys if key != given))
+    return True
+
+
+def start_dashboard_sign_in(port: int, state: Path, token: str, dashboard_url: str) -> ThreadingHTTPServer:
+    """Serve the dashboard's sign-in links on 127.0.0.1:``port`` (``port`` 0: any free one).
+
+    ``GET /?key=<key>`` with an unused key sets Ray's own token cookie, as the dashboard's token prompt would,
+    and forwards the browser to the dashboard; the key is then used up, so a link that leaked (a shared
+    screen, a browser history) signs nobody in. Cookies belong to a host, not a port, so the dashboard on
+    127.0.0.1 receives it. Another key: ``python -m helpers.lab --sign-in-link``.
     """
 
     class SignIn(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             given = parse_qs(urlsplit(self.path).query).get("key", [""])[0]
-            if not hmac.compare_digest(given.encode(), key.encode()):
-                self.send_error(403, "Open the Ray dashboard link that make lab printed: it carries the key.")
+            if not use_sign_in_key(state, given):
+                self.send_error(403, "This sign-in link was used already, or is not one make lab printed: "
+                                     "`python -m helpers.lab --sign-in-link` prints a new one.")
                 return
             self.send_response(303)
             self.send_header("Set-Cookie", f"{RAY_TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict")
@@ -225,12 +316,25 @@ def start_dashboard_sign_in(port: int, key: str, token: str, dashboard_url: str)
     return server
 
 
+def sign_in_link(state: Path) -> str:
+    """A new one-time sign-in link for the running lab's dashboard (``python -m helpers.lab --sign-in-link``).
+
+    Raises:
+        LabError: no ``make lab`` runs on this state folder.
+    """
+    if stack.remembered_process(state, LAB_RECORD) is None or not (state / LAB_FILE).is_file():
+        raise LabError("make lab is not running: start it (`make lab`), it prints a sign-in link.")
+    port = json.loads((state / LAB_FILE).read_text())["sign_in_port"]
+    return f"http://127.0.0.1:{port}/?key={new_sign_in_key(state)}"
+
+
 def urls(settings, jupyter_port: int, token: str, dashboard: str | None, sign_in: str | None) -> dict[str, str]:
     """What to open, by name."""
     out = {"JupyterLab": f"http://127.0.0.1:{jupyter_port}/lab?token={token}"}
     if dashboard:
         out["Ray dashboard"] = f"{sign_in} (signs this browser in to {dashboard})" if sign_in else dashboard
-    out["MLflow"] = settings.mlflow_tracking_uri
+    out["MLflow"] = (f"{settings.mlflow_tracking_uri} (user {settings.mlflow_username}; its password: "
+                     "python -m helpers.stack env)" if settings.mlflow_username else settings.mlflow_tracking_uri)
     if settings.lakefs_endpoint:
         out["lakeFS"] = f"{settings.lakefs_endpoint} (keys: python -m helpers.stack env)"
     return out
@@ -247,41 +351,83 @@ def print_urls(found: dict[str, str]) -> None:
 
 # --- the command ---------------------------------------------------------------------
 
+DEFAULT_PORTS = {"jupyter": 8888, "dashboard": 8265, "sign_in": 8266}
+
+
+def lab_ports(jupyter: int | None, dashboard: int | None, sign_in: int | None) -> dict[str, int]:
+    """The lab's ports: those given, else the defaults where free, else free ones (another learner holds them).
+
+    Raises:
+        StackError: a given port is not a port number, or two are the same.
+    """
+    given = {"jupyter": jupyter, "dashboard": dashboard, "sign_in": sign_in}
+
+    def flags(values: dict[str, int | None]) -> dict[str, int]:
+        return {f"--{name.replace('_', '-')}-port": port for name, port in values.items() if port is not None}
+
+    stack.check_ports(flags(given))
+    ports = {name: port if port is not None else DEFAULT_PORTS[name] for name, port in given.items()}
+    taken = [name for name, port in ports.items() if given[name] is None and not stack.port_is_free(port)]
+    if taken:
+        free = stack.free_ports(taken)
+        ports.update(free)
+        print("Ports another program holds, the lab takes free ones: "
+              + ", ".join(f"{name} {DEFAULT_PORTS[name]} -> {free[name]}" for name in taken))
+    stack.check_ports(flags(ports))  # a given port equal to another's default
+    return ports
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m helpers.lab [--no-jupyter]``: exits 0 when stopped, 1 when something could not start."""
     parser = argparse.ArgumentParser(prog="python -m helpers.lab", description=__doc__.split("\n")[0])
     parser.add_argument("--cpus", type=int, help="CPUs the lab's Ray may use (default: all)")
-    parser.add_argument("--dashboard-port", type=int, default=8265)
-    parser.add_argument("--sign-in-port", type=int, default=8266, help="the dashboard's sign-in link")
-    parser.add_argument("--jupyter-port", type=int, default=8888)
+    parser.add_argument("--dashboard-port", type=int, help="default 8265, or a free one where that is taken")
+    parser.add_argument("--sign-in-port", type=int, help="the dashboard's sign-in link (default 8266, or a free one)")
+    parser.add_argument("--jupyter-port", type=int, help="default 8888, or a free one where that is taken")
     parser.add_argument("--notebook-dir", type=Path, default=None, help="default: the project's notebooks/")
     parser.add_argument("--no-jupyter", action="store_true", help="start Ray's dashboard, print the URLs, stop")
+    parser.add_argument("--sign-in-link", action="store_true",
+                        help="print a new one-time sign-in link for the running lab's dashboard, and exit")
     args = parser.parse_args(argv)
+    state = state_dir()
+    if args.sign_in_link:
+        try:
+            print(sign_in_link(state))
+            return 0
+        except LabError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_on_signal)
-    state, jupyter, sign_in_server, restore = state_dir(), None, None, False
+    started: dict[str, object] = {}  # what clean_up stops, whenever the lab ends (Ctrl-C in start-up too)
+    restore = False
     try:
-        stack.check_ports({"--jupyter-port": args.jupyter_port, "--dashboard-port": args.dashboard_port,
-                           "--sign-in-port": args.sign_in_port})
+        ports = lab_ports(args.jupyter_port, args.dashboard_port, args.sign_in_port)
         exit_with_parent()
         claim_state(state)
+        cluster_address = load_settings().ray_address
+        if not cluster_address:  # before anything starts: a lab that may not restart the stack's Ray starts nothing
+            refuse_to_stop_jobs(state, ports["dashboard"])
         token = secrets.token_hex(16)
         log_path = state / "logs" / "jupyterlab.log"
         if not args.no_jupyter:  # first: a JupyterLab that cannot start costs no Ray restart
-            jupyter = jupyter_answering(args.jupyter_port, token, args.notebook_dir, log_path, state)
+            on_a_free_port("jupyter", ports, args.jupyter_port, lambda port: jupyter_answering(
+                port, token, args.notebook_dir, log_path, state, started))
         dashboard = sign_in = None
-        if load_settings().ray_address:
+        if cluster_address:
             settings = stack.ensure_stack()
             check_cluster(settings.ray_address)
             print(f"RAY_ADDRESS is set: the notebooks use the Ray at {settings.ray_address}; open its own "
                   "dashboard (unset RAY_ADDRESS to use the stack's).")
         else:
-            restore = True
-            settings, dashboard = ray_with_dashboard(state, args.dashboard_port, args.cpus)
-            key = secrets.token_urlsafe(16)
-            sign_in_server = start_dashboard_sign_in(args.sign_in_port, key, ray_token(), dashboard)
-            sign_in = f"http://127.0.0.1:{sign_in_server.server_address[1]}/?key={key}"
-        print_urls(urls(settings, args.jupyter_port, token, dashboard, sign_in))
+            restore = True  # from here on, the stack's Ray is put back as it was, whatever ends the lab
+            settings, dashboard = on_a_free_port("dashboard", ports, args.dashboard_port,
+                                                 lambda port: ray_with_dashboard(state, port, args.cpus))
+            server = started["sign_in"] = start_dashboard_sign_in(ports["sign_in"], state, ray_token(), dashboard)
+            write_private(state / LAB_FILE, json.dumps({"sign_in_port": server.server_address[1]}))
+            sign_in = f"http://127.0.0.1:{server.server_address[1]}/?key={new_sign_in_key(state)}"
+        print_urls(urls(settings, ports["jupyter"], token, dashboard, sign_in))
+        jupyter = started.get("jupyter")
         if jupyter is not None and jupyter.wait() != 0:
             raise LabError(f"JupyterLab stopped: {last_log_line(log_path)} (log: {log_path})")
         return 0
@@ -292,18 +438,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
-        clean_up(state, jupyter, sign_in_server, restore)
+        clean_up(state, started.get("jupyter"), started.get("sign_in"), restore)
 
 
-def jupyter_answering(port: int, token: str, notebook_dir: Path | None, log_path: Path,
-                      state: Path) -> subprocess.Popen:
-    """JupyterLab started (``--allow-root`` for root, said in one line) and answering on ``port``."""
+def on_a_free_port(name: str, ports: dict[str, int], given: int | None, start):
+    """``start(ports[name])``; where it fails because another program took that port meanwhile, on a free one.
+
+    Two learners whose labs start at the same moment can both find a default port free; one gets it. A
+    port the user gave is never moved. ``ports`` keeps the port used.
+    """
+    for attempt in range(3):
+        try:
+            return start(ports[name])
+        except (LabError, stack.StackError):
+            if given is not None or attempt == 2 or stack.port_is_free(ports[name]):
+                raise
+            taken, ports[name] = ports[name], stack.free_ports([name])[name]
+            print(f"Another program took port {taken} ({name}) while the lab started: it takes {ports[name]}.",
+                  flush=True)
+    raise AssertionError("unreachable")
+
+
+def jupyter_answering(port: int, token: str, notebook_dir: Path | None, log_path: Path, state: Path,
+                      started: dict[str, object]) -> subprocess.Popen:
+    """JupyterLab started (``--allow-root`` for root, said in one line) and answering on ``port``.
+
+    It goes into ``started`` as soon as it runs, so a Ctrl-C while it starts up stops it too.
+    """
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if as_root:
         print("Running as root: JupyterLab starts with --allow-root (it refuses root otherwise).")
     folder = (notebook_dir or project_root() / "notebooks").resolve()
-    jupyter = start_jupyter(jupyter_command(port, token, folder, as_root), log_path, state)
-    wait_until_answers(jupyter, port, log_path)
+    jupyter = started["jupyter"] = start_jupyter(jupyter_command(port, folder, as_root), token, log_path, state)
+    wait_until_answers(jupyter, port, token, log_path)
     return jupyter
 
 
@@ -317,6 +484,8 @@ def clean_up(state: Path, jupyter: subprocess.Popen | None, sign_in_server: Thre
         (state / f"{JUPYTER_RECORD}.pid").unlink(missing_ok=True)
     if sign_in_server is not None:
         sign_in_server.shutdown()
+        for name in (SIGN_IN_KEYS, LAB_FILE):  # the links this lab printed sign nobody in any more
+            (state / name).unlink(missing_ok=True)
     if restore:
         try:
             restore_stack_ray(state)

@@ -8,14 +8,15 @@ import time
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 import numpy as np
 from PIL import Image
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data
-from helpers.preprocess_support import create_logger, node_id, skip_counter
-from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client, read_object,
-                             s3_filesystem)
+from helpers.preprocess_support import create_logger, node_id, remove_superseded, skip_counter, started_last
+from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client,
+                             mark_complete, read_object, s3_filesystem)
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 10 (id 6a49e3aa).
@@ -222,28 +223,26 @@ def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int =
     """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/<version>/``.
 
     Each row holds the key, the label and the decoded pixels (``uint8 [28, 28]``). The new
-    shards go to a fresh folder; only when all are written does
-    ``packed/<split>/CURRENT`` name it, and then older folders are removed.
+    shards go to a fresh folder; only when all are written does ``packed/<split>/CURRENT`` name it.
     An interrupted packing leaves the previous shards readable.
 
     Returns:
         The folder (``<bucket>/packed/<split>/<version>``) :func:`read_parquet_dataset` now reads.
     """
-    from pyarrow import fs
-
     check_count("num_shards", num_shards, 10_000)
     settings = settings or load_settings()
     filesystem = s3_filesystem(settings)
     base = f"{bucket}/{PACKED_PREFIX}/{split}"
-    version = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"
+    version = f"{datetime.now(UTC):%Y%m%d-%H%M%S-%f}-{os.urandom(2).hex()}"  # sorts by start time
     rows = ds.map_batches(fetch_rows, batch_size=1000, fn_kwargs={"bucket": bucket})
     rows.repartition(num_shards).write_parquet(f"{base}/{version}", filesystem=filesystem)
-    with filesystem.open_output_stream(f"{base}/{CURRENT_FILE}") as out:  # the swap: one small PUT
-        out.write(version.encode())
-    for old in filesystem.get_file_info(fs.FileSelector(base)):
-        if old.type == fs.FileType.Directory and old.base_name != version:
-            filesystem.delete_dir(old.path)
-    return f"{base}/{version}"
+    mark_complete(filesystem, f"{base}/{version}")
+    if started_last(filesystem, base, version, CURRENT_FILE):  # of two packings at once, the later one
+        with filesystem.open_output_stream(f"{base}/{CURRENT_FILE}") as out:  # the swap: one small PUT
+            out.write(version.encode())
+    remove_superseded(filesystem, base, CURRENT_FILE)  # keeps CURRENT's folder, the one before, newer ones
+    with filesystem.open_input_stream(f"{base}/{CURRENT_FILE}") as current:
+        return f"{base}/{current.read().decode()}"
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 45 (id 5dcfbbac).

@@ -3,7 +3,9 @@
 * a logger that stamps every line with the process id, so a learner can see which process (a task, or
   one of the actors) fetched which batch;
 * a named Ray actor that counts the objects the workers skipped (``skip_bad=True``), so the driver can
-  report them by name after the job.
+  report them by name after the job;
+* the bookkeeping of packed versions: of two packings at once the one started last is swapped in, and
+  only folders that no reader or packing can still need are deleted.
 """
 
 from __future__ import annotations
@@ -80,3 +82,46 @@ def skipped_keys(name: str) -> list[str]:
     keys = ray.get(counter.get.remote())
     ray.kill(counter)
     return keys
+
+
+def started_last(filesystem, base: str, version: str, current_file: str) -> bool:
+    """Whether ``version`` is newer than the one ``<base>/<current_file>`` names (or none is named yet).
+
+    Version names start with their packing's start time, so of two packings at once the one started
+    last wins the swap, and one that finishes late does not swap an older set of shards back in.
+    """
+    current = _current_version(filesystem, base, current_file)
+    return current is None or version > current
+
+
+def remove_superseded(filesystem, base: str, current_file: str) -> list[str]:
+    """Delete the version folders under ``base`` that no reader or packing can still need; returns them.
+
+    Kept: the folder ``current_file`` names, the newest complete one before it (a reader that started
+    before the swap still reads it), and everything newer than the current one (packings still being
+    written). The other older folders go: superseded shards, failed packings, and packings still
+    running that started before the current one, which lost the swap already.
+    """
+    from pyarrow import fs
+
+    from helpers.storage import is_complete
+
+    current = _current_version(filesystem, base, current_file)
+    if current is None:
+        return []
+    versions = sorted(info.base_name for info in filesystem.get_file_info(fs.FileSelector(base))
+                      if info.type == fs.FileType.Directory)
+    older = [v for v in versions if v < current]
+    previous = next((v for v in reversed(older) if is_complete(filesystem, f"{base}/{v}")), None)
+    gone = [v for v in older if v != previous]
+    for version in gone:
+        filesystem.delete_dir(f"{base}/{version}")
+    return gone
+
+
+def _current_version(filesystem, base: str, current_file: str) -> str | None:
+    try:
+        with filesystem.open_input_stream(f"{base}/{current_file}") as current:
+            return current.read().decode().strip() or None
+    except FileNotFoundError:
+        return None

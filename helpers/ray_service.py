@@ -39,6 +39,27 @@ def read_service(state: Path) -> dict | None:
         return None
 
 
+def _agent_port_of_its_own() -> None:
+    """Give this Ray's dashboard agent a free port instead of Ray's fixed 52365.
+
+    One machine has one 52365: a second user's Ray (or the tests' second one) found it taken, its agent
+    did not start, and every job submitted to it (make submit) failed. ``ray.init`` has no argument for
+    it (``ray start --dashboard-agent-listen-port`` has), so the parameters it builds get one.
+    """
+    from ray._private import parameter
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    class RayParams(parameter.RayParams):
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", port)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = RayParams
+
+
 def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> None:
     """Start a local Ray with the stack's settings, record its address, and keep it running until SIGTERM.
 
@@ -55,9 +76,16 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
         os.environ.setdefault(name, value)
     env = worker_env.settings_env(load_settings(environ={}, stack_state=state))
     worker_env.loopback_only()
+    # ... and in the processes it starts: the dashboard's agent registered under the machine's address while
+    # the head looked for it on 127.0.0.1, and every job submission waited 5 minutes for "an available agent".
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
     os.environ.update(env)  # what every worker this Ray starts inherits
+    # A submitted job's entrypoint (`python -m ...`, make submit) finds this environment's Python first.
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     # Ray's own default for a new local cluster is token authentication (RAY_AUTH_MODE=token, the token in
     # ~/.ray/auth_token): kept, so another user of this machine can neither join this Ray nor use its dashboard.
+    worker_env.private_ray_tmpdir()
+    _agent_port_of_its_own()
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard_port is not None,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
              logging_level=logging.ERROR)

@@ -27,7 +27,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from helpers.files import private_folder, write_private
+from helpers.files import private_folder, private_temp_folder, write_private
 
 GRPC_SERVICES = ("master", "volume", "filer", "s3", "admin")  # the gRPC sockets weed mini opens in /tmp
 TLS_ROLES = ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq", "client")
@@ -96,8 +96,7 @@ def socket_paths(state: Path) -> dict[str, Path]:
     paths = {name: state / f"{name}.sock" for name in ("filer", "s3")}
     if all(len(str(path).encode()) <= SOCKET_PATH_LIMIT for path in paths.values()):
         return paths
-    short = Path("/tmp") / f"stack-sockets-{os.getuid()}-{hashlib.sha256(str(state).encode()).hexdigest()[:12]}"
-    private_folder(short)
+    short = private_temp_folder(f"stack-sockets-{hashlib.sha256(str(state).encode()).hexdigest()[:12]}")
     return {name: short / f"{name}.sock" for name in paths}
 
 
@@ -110,6 +109,8 @@ def foreign_grpc_sockets(ports: dict[str, int]) -> list[Path]:
     """The gRPC socket names of these ports that another user holds in ``/tmp`` (ours, stale, are removed)."""
     found = []
     for service in GRPC_SERVICES:
+        if f"{service}_grpc" not in ports:
+            continue
         path = grpc_socket(service, ports[f"{service}_grpc"])
         try:
             owner = os.lstat(path).st_uid

@@ -28,6 +28,7 @@ tell this stack from docker compose or a real cluster.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import fcntl
 import json
@@ -49,7 +50,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers import lakefs_binary, ray_service
+from helpers import lakefs_binary, ray_service, seaweedfs_security
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.files import private_folder, write_private
 
@@ -108,6 +109,8 @@ def _paths(state: Path) -> dict[str, Path]:
         "s3_data": state / "s3",
         "mlflow_db": state / "mlflow" / "mlflow.db",
         "lakefs_keys": state / "lakefs-keys.json",
+        "mlflow_auth": state / "mlflow-auth.json",
+        "mlflow_auth_config": state / "mlflow" / "basic_auth.ini",
         "lakefs_config": state / "lakefs" / "config.yaml",
         "lakefs_db": state / "lakefs" / "metadata",
     }
@@ -141,7 +144,11 @@ def free_ports(names: list[str]) -> dict[str, int]:
     ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
     low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
     candidates = secrets.SystemRandom().sample(range(20_000, max(low, 24_000)), 2000)
-    return dict(zip(names, (port for port in candidates if port_is_free(port)), strict=False))
+    chosen = dict(zip(names, (port for port in candidates if port_is_free(port)), strict=False))
+    if "admin" in chosen and "admin_grpc" in chosen:  # SeaweedFS's worker dials the admin's port + 10000
+        chosen["admin"] = _free_port("admin", set(chosen.values()))
+        chosen["admin_grpc"] = chosen["admin"] + 10_000
+    return chosen
 
 
 @contextlib.contextmanager
@@ -170,7 +177,7 @@ def state_lock(state: Path, timeout: float = 300.0) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _http_ok(url: str, timeout: float = 2.0) -> bool:
+def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             return 200 <= response.status < 300
@@ -313,11 +320,60 @@ def _read_state_json(path: Path) -> dict:
     return data
 
 
-def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> dict[str, int]:
+GIVEN_KEY = "given"  # in ports.json: the ports the user chose (--s3-port ...), which are never moved
+
+
+def _port_taken(name: str, port: int) -> bool:
+    """Whether another program (another user's stack, say) holds ``port``, or SeaweedFS's gRPC socket for it."""
+    if not port_is_free(port):
+        return True
+    service = name.removesuffix("_grpc")
+    return name.endswith("_grpc") and service in seaweedfs_security.GRPC_SERVICES and bool(
+        seaweedfs_security.foreign_grpc_sockets({name: port}))
+
+
+def _free_port(name: str, avoid: set[int]) -> int:
+    """A free port for ``name`` from 20000 up to the ephemeral range, none of ``avoid``.
+
+    The admin port comes with its gRPC port 10000 above it: SeaweedFS's worker dials that one, whatever
+    ``-admin.port.grpc`` says.
+    """
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    top = min(max(low, 24_000), 55_535) if name == "admin" else max(low, 24_000)
+    for port in secrets.SystemRandom().sample(range(20_000, top), 4000):
+        pair = [port, port + 10_000] if name == "admin" else [port]
+        if not avoid & set(pair) and not any(_port_taken(name, p) for p in pair):
+            return port
+    raise StackError(f"No free port for {name} between 20000 and {top}: stop some programs, then run up again.")
+
+
+def move_taken_ports(ports: dict[str, int], names: list[str], given: set[str]) -> dict[str, str]:
+    """Move each of ``names`` whose port another program holds to a free port, unless the user chose it.
+
+    On a machine shared by several learners each stack starts on the default ports where they are free
+    and on free ports where another learner's stack holds them: nobody has to pick ports by hand.
+    Returns ``{name: "old -> new"}`` for every port moved; ``ports`` is changed in place.
+    """
+    moved = {}
+    for name in names:
+        if name in given or name == "admin_grpc" or not _port_taken(name, ports[name]) and not (
+                name == "admin" and _port_taken("admin_grpc", ports["admin_grpc"])):
+            continue
+        new = _free_port(name, set(ports.values()))
+        moved[name] = f"{ports[name]} -> {new}"
+        ports[name] = new
+        if name == "admin":
+            ports["admin_grpc"] = new + 10_000
+    return moved
+
+
+def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> tuple[dict[str, int], set[str]]:
+    """The stack's ports (saved, else the defaults, each taken one moved) and those the user chose."""
     path = _paths(state)["ports"]
     if overrides:
         check_ports(overrides)  # before anything is saved: a bad port must not stick
-    ports = dict(DEFAULT_PORTS)
+    ports, given = dict(DEFAULT_PORTS), set()
     if path.is_file():
         saved = _read_state_json(path)
         try:
@@ -325,10 +381,18 @@ def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> dict
         except StackError as err:
             raise StackError(f"{err} Reset it: {RESET_HINT.format(path=path)}.") from None
         ports.update({k: v for k, v in saved.items() if k in DEFAULT_PORTS})
+        given = {name for name in saved.get(GIVEN_KEY, []) if name in DEFAULT_PORTS}
+    else:  # a new stack: the defaults, except where another program (another learner's stack) holds one
+        move_taken_ports(ports, list(DEFAULT_PORTS), set(overrides or {}))
     ports.update(overrides or {})
+    given |= set(overrides or {})
     check_ports(ports)
-    write_private(path, json.dumps(ports, indent=2))
-    return ports
+    _save_ports(state, ports, given)
+    return ports, given
+
+
+def _save_ports(state: Path, ports: dict[str, int], given: set[str]) -> None:
+    write_private(_paths(state)["ports"], json.dumps({**ports, GIVEN_KEY: sorted(given)}, indent=2))
 
 
 def _load_or_create_keys(state: Path) -> tuple[str, str]:
@@ -367,8 +431,35 @@ def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
     return keys
 
 
+def _load_or_create_mlflow_auth(state: Path) -> dict[str, str]:
+    """MLflow's admin user and password, and the server's form-signing key: made once, kept 0600.
+
+    The password is fixed when MLflow creates its user on the first start, so it is kept, never made anew.
+    """
+    path = _paths(state)["mlflow_auth"]
+    if path.is_file():
+        auth = _read_state_json(path)
+        if not {"username", "password", "secret_key"} <= set(auth):
+            raise StackError(f"{path} is damaged (a key is missing). Reset it: {RESET_HINT.format(path=path)}.")
+        return auth
+    auth = {"username": "admin", "password": secrets.token_urlsafe(24), "secret_key": secrets.token_urlsafe(32)}
+    write_private(path, json.dumps(auth, indent=2))
+    return auth
+
+
+def _mlflow_auth_config(state: Path, auth: dict[str, str]) -> Path:
+    """MLflow's basic-auth settings (0600): nobody but its admin may read or write anything."""
+    config = _paths(state)["mlflow_auth_config"]
+    database = (config.parent / "basic_auth.db").resolve()
+    write_private(config, "\n".join([
+        "[mlflow]", "default_permission = NO_PERMISSIONS", f"database_uri = sqlite:///{database}",
+        f"admin_username = {auth['username']}", f"admin_password = {auth['password']}",
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth"]) + "\n")
+    return config
+
+
 def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str,
-                    lakefs_keys: dict[str, str] | None = None) -> None:
+                    lakefs_keys: dict[str, str] | None = None, mlflow_auth: dict[str, str] | None = None) -> None:
     # MLflow's URI is written even by `up --no-mlflow`: its port is reserved, and a
     # client then says "not reachable at <uri>" rather than "not configured".
     lines = [
@@ -379,6 +470,9 @@ def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str
         "S3_SECURE=false",
         f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}",
     ]
+    if mlflow_auth:  # MLflow's own variables: its clients sign in with them (basic auth)
+        lines += [f"MLFLOW_TRACKING_USERNAME={mlflow_auth['username']}",
+                  f"MLFLOW_TRACKING_PASSWORD={mlflow_auth['password']}"]
     if lakefs_keys:  # only where lakeFS runs: otherwise notebook 06 says "no lakeFS configured"
         lines += [
             f"LAKEFS_ENDPOINT=http://127.0.0.1:{ports['lakefs']}",
@@ -391,12 +485,15 @@ def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str
 # --- starting one service ----------------------------------------------------
 
 def _seaweedfs_command(state: Path, ports: dict[str, int]) -> list[str]:
-    p = _paths(state)
+    p, sockets = _paths(state), seaweedfs_security.socket_paths(state)
     return [
-        str(weed_binary()), f"-logdir={p['logs']}", "mini",
+        # security.toml (JWT keys, mutual TLS for gRPC) is read from -config_dir: see helpers.seaweedfs_security
+        str(weed_binary()), f"-config_dir={seaweedfs_security.config_dir(state)}", f"-logdir={p['logs']}", "mini",
         f"-dir={p['s3_data']}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
         "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.allowDeleteBucketNotEmpty=false",
+        "-disableHttp",  # no master or filer HTTP API: the master would hand anyone a volume write token
+        f"-filer.localSocket={sockets['filer']}", f"-s3.localSocket={sockets['s3']}",  # private, not in /tmp
         f"-s3.config={p['keys']}",
         f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
         f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
@@ -412,6 +509,7 @@ def _mlflow_command(state: Path, ports: dict[str, int]) -> list[str]:
         sys.executable, "-m", "mlflow", "server",
         "--host", "127.0.0.1", "--port", str(ports["mlflow"]), "--workers", "1",
         "--backend-store-uri", f"sqlite:///{db}",
+        "--app-name", "basic-auth",  # every request but /health signs in: see _mlflow_auth_config
         "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts",
     ]
 
@@ -443,8 +541,9 @@ def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret
 def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = os.fdopen(os.open(_paths(state)["logs"] / f"{service}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                     "ab")
-    # LAKEFS_* variables are lakeFS configuration overrides: keep the client's ones away from the server
-    inherited = {k: v for k, v in os.environ.items() if not k.startswith("LAKEFS_")}
+    # LAKEFS_* and WEED_* variables override lakeFS's and SeaweedFS's configuration (WEED_* even the
+    # security.toml keys): keep a learner's own ones away from the services, and MLflow's client secrets too
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEFS_", "WEED_", "MLFLOW_TRACKING_"))}
     proc = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         cwd=state, env={**inherited, **(env or {})},
@@ -456,26 +555,76 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
     return proc
 
 
+def _prepare_seaweedfs(state: Path, ports: dict[str, int]) -> None:
+    """New JWT keys and certificates for this start; refuse gRPC socket names another user holds in /tmp."""
+    foreign = seaweedfs_security.foreign_grpc_sockets(ports)
+    if foreign:
+        raise PortInUseError(f"Another user of this machine holds SeaweedFS's gRPC socket {foreign[0]} for a port "
+                             "you chose. Start the stack on other ports: `python -m helpers.stack up --port-base N`.")
+    seaweedfs_security.write_security(state)
+
+
+def _check_seaweedfs_tls(state: Path, ports: dict[str, int]) -> None:
+    """Stop SeaweedFS unless its gRPC ports ask for a client certificate: it starts without TLS on a bad file."""
+    if seaweedfs_security.refuses_plain_clients(ports["master_grpc"]):
+        return
+    proc = _running(state, "seaweedfs")
+    if proc is not None:
+        stop_group(proc, 10)
+    raise StackError("SeaweedFS started without TLS on its gRPC ports, open to every user of this machine, and was "
+                     f"stopped. See {_paths(state)['logs'] / 'seaweedfs.log'}; `python -m helpers.stack up` writes "
+                     "new certificates.")
+
+
 def _saved_ports(state: Path) -> dict[str, int]:
     ports_file = _paths(state)["ports"]
     return {**DEFAULT_PORTS, **(_read_state_json(ports_file) if ports_file.is_file() else {})}
 
 
-def _volume_server_registered(master_port: int) -> bool:
-    """Whether SeaweedFS's master knows a volume server; until it does, every read of an object is a 500."""
+def _volume_server_registered(master_port: int, volume_port: int) -> bool:
+    """Whether SeaweedFS's master knows a volume server; until it does, every read of an object is a 500.
+
+    The master's status page lists the volume servers of its topology (its HTTP API, ``/dir/status``, is off:
+    ``-disableHttp``).
+    """
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{master_port}/dir/status", timeout=2.0) as response:
-            centres = (json.load(response).get("Topology") or {}).get("DataCenters") or []
-    except (urllib.error.URLError, OSError, ValueError):
+        with urllib.request.urlopen(f"http://127.0.0.1:{master_port}/", timeout=2.0) as response:
+            return f"127.0.0.1:{volume_port}" in response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
         return False
-    return any(rack.get("DataNodes") for centre in centres for rack in centre.get("Racks") or [])
 
 
 def _healthy(service: str, state: Path, url: str) -> bool:
     if service == "ray":
         return ray_service.read_service(state) is not None
+    ports = _saved_ports(state)
     return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
-        service != "seaweedfs" or _volume_server_registered(_saved_ports(state)["master"]))
+        service != "seaweedfs" or _volume_server_registered(ports["master"], ports["volume"])) and _knows_our_keys(
+        service, state, url)
+
+
+def _knows_our_keys(service: str, state: Path, url: str) -> bool:
+    """Whether the server on the service's port takes this stack's credentials: it is ours, not another's.
+
+    A health page answers anyone. Two stacks started at the same moment can both find a port free; the
+    one that lost the port would otherwise take the winner's server for its own (a root user's, even
+    bound to the same port at once).
+    """
+    settings = load_settings(environ={}, stack_state=state)
+    if service == "seaweedfs":
+        from helpers.storage import get_client
+
+        try:
+            get_client(settings, max_connections=1, retries=0).list_buckets()
+            return True
+        except Exception:  # noqa: BLE001 - refused keys, or no answer: not (yet) ours
+            return False
+    if service == "mlflow":
+        user, password, path = settings.mlflow_username, settings.mlflow_password, "/api/2.0/mlflow/users/current"
+    else:
+        user, password, path = settings.lakefs_access_key, settings.lakefs_secret_key, "/api/v1/repositories?amount=1"
+    signed = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return _http_ok(urllib.request.Request(url + path, headers={"Authorization": f"Basic {signed}"}))
 
 
 def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Process, state: Path,
@@ -492,6 +641,13 @@ def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Proces
             )
         time.sleep(0.3)
     raise StackError(f"{service} did not answer {url} within {timeout:.0f} s; see {state}/logs/{service}.log.")
+
+
+def _wait_released(ports: dict[str, int], names: list[str], seconds: float = 1.5) -> None:
+    """Give ports a process stopped just now may hold a moment longer that moment (they are ours, not taken)."""
+    deadline = time.monotonic() + seconds
+    while any(not port_is_free(ports[name]) for name in names) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> None:
@@ -512,6 +668,9 @@ def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> 
 
 def _seaweed_port_names() -> list[str]:
     return [n for n in DEFAULT_PORTS if n not in ("mlflow", "lakefs", "ray")]
+
+
+SERVICE_PORTS = {"seaweedfs": _seaweed_port_names(), "mlflow": ["mlflow"], "lakefs": ["lakefs"], "ray": ["ray"]}
 
 
 def _ensure_bucket(settings: Settings, bucket: str) -> None:
@@ -565,7 +724,43 @@ def up(
     """
     state = (state or state_dir()).resolve()
     with state_lock(state):
-        return _up(state, ports, with_mlflow, timeout, with_lakefs, with_ray, ray_cpus, ray_dashboard_port)
+        for attempt in range(3):
+            try:
+                return _up(state, ports, with_mlflow, timeout, with_lakefs, with_ray, ray_cpus, ray_dashboard_port)
+            except StackError:
+                lost = _ports_taken_meanwhile(state)
+                if attempt == 2 or not lost:
+                    raise
+                # Two learners whose stacks start at the same moment both find a port free; one gets it. The
+                # winner binds its ports one by one, so every port of the services not running yet moves.
+                print(f"Another program took port {', '.join(lost)} while this stack started: starting again "
+                      "on free ones.", flush=True)
+                _move_ports_of_stopped_services(state)
+                ports = None  # the user's own choices are remembered
+    raise AssertionError("unreachable")
+
+
+def _ports_taken_meanwhile(state: Path) -> list[str]:
+    """The ports of services that are not running which another program holds now, and which the stack chose."""
+    if not _paths(state)["ports"].is_file():  # refused before any port was chosen
+        return []
+    ports, given = _load_or_choose_ports(state, None)
+    return [f"{name} {ports[name]}" for service in SERVICES if _running(state, service) is None
+            for name in SERVICE_PORTS[service] if name not in given and name != "admin_grpc"
+            and _port_taken(name, ports[name])]
+
+
+def _move_ports_of_stopped_services(state: Path) -> None:
+    """New free ports for every port the stack chose (not the user) of each service that is not running."""
+    ports, given = _load_or_choose_ports(state, None)
+    for service in SERVICES:
+        if _running(state, service) is None:
+            for name in SERVICE_PORTS[service]:
+                if name not in given and name != "admin_grpc":
+                    ports[name] = _free_port(name, set(ports.values()))
+                    if name == "admin":
+                        ports["admin_grpc"] = ports[name] + 10_000
+    _save_ports(state, ports, given)
 
 
 def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
@@ -574,37 +769,48 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     paths = _paths(state)
     for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
         private_folder(folder)
-    ports = _load_or_choose_ports(state, ports)
-    access, secret = _load_or_create_keys(state)
+    ports, given = _load_or_choose_ports(state, ports)
     lakefs = lakefs_binary.find() if with_lakefs else None
+    wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
+                                    ("ray", with_ray)) if on and _running(state, name) is None]
+    orphaned = [name for name in wanted if stop_orphans(state, name)]  # what a killed service left holds its ports
+    _wait_released(ports, [port for name in orphaned for port in SERVICE_PORTS[name]])  # theirs: not moved
+    moved = move_taken_ports(ports, [port for name in wanted for port in SERVICE_PORTS[name]], given)
+    if moved:  # another learner's stack holds them: the next free ones, kept in this stack's state
+        _save_ports(state, ports, given)
+        print("Ports another program holds, moved: " + ", ".join(f"{k} {v}" for k, v in moved.items()))
+    access, secret = _load_or_create_keys(state)
     lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
-    _write_env_file(state, ports, access, secret, lakefs_keys)
+    mlflow_auth = _load_or_create_mlflow_auth(state)
+    _write_env_file(state, ports, access, secret, lakefs_keys, mlflow_auth)
     settings = load_settings(environ={}, stack_state=state)
     started: list[str] = []
-    orphaned: list[str] = []  # services whose main process had died, their leftovers stopped
     starting: dict[str, subprocess.Popen | psutil.Process] = {}
 
     def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
         """Start service ``name`` unless it runs already (``command()`` builds its command line)."""
         starting[name] = _running(state, name)
         if starting[name] is None:
-            if stop_orphans(state, name):  # what a killed service left behind holds its ports
-                orphaned.append(name)
             _check_ports_free(name, ports, port_names)
             if prepare is not None:
                 prepare()
             starting[name] = _start(name, command(), state, env)
             started.append(name)
 
-    ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports))
+    ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports),
+           prepare=lambda: _prepare_seaweedfs(state, ports))
     # The other services keep their buckets in it: it answers first. Then they all start side by side
     # (MLflow spends about ten seconds importing, Ray about seven starting its processes) and are waited for.
     _wait_healthy("seaweedfs", _service_url("seaweedfs", ports), starting.pop("seaweedfs"), state, timeout)
+    if "seaweedfs" in started:
+        _check_seaweedfs_tls(state, ports)
     if with_mlflow:
         env = {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": access,
                "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": settings.s3_region,
                # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
-               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+               "MLFLOW_AUTH_CONFIG_PATH": str(_mlflow_auth_config(state, mlflow_auth)),
+               "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_auth["secret_key"]}
         ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), env,
                prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
     if lakefs is not None and lakefs_keys is not None:
@@ -752,6 +958,7 @@ def ensure_stack(with_mlflow: bool = True, ray_dashboard_port: int | None = None
         up(with_mlflow=with_mlflow, with_ray=not settings.ray_address,  # a cluster named: no Ray of our own
            ray_dashboard_port=ray_dashboard_port, ray_cpus=ray_cpus)
         settings = load_settings()
+    settings.use_mlflow_credentials()  # this process's MLflow clients sign in to the tracking server
     print(services_line(settings, with_mlflow))
     return settings
 
@@ -825,8 +1032,10 @@ def main(argv: list[str] | None = None) -> int:
     state = (args.state_dir or state_dir()).resolve()
     try:
         if args.command == "up":
-            internal = [n for n in _seaweed_port_names() if n != "s3"]
+            internal = [n for n in _seaweed_port_names() if n not in ("s3", "admin_grpc")]
             overrides = {n: args.port_base + i for i, n in enumerate(internal)} if args.port_base is not None else {}
+            if overrides:  # SeaweedFS's worker dials the admin's gRPC port 10000 above its HTTP port
+                overrides["admin_grpc"] = overrides["admin"] + 10_000
             named = {"s3": args.s3_port, "mlflow": args.mlflow_port, "lakefs": args.lakefs_port, "ray": args.ray_port}
             overrides.update({name: port for name, port in named.items() if port is not None})
             started = time.monotonic()

@@ -314,3 +314,31 @@ def s3_filesystem(settings: Settings | None = None):
         access_key=settings.s3_access_key, secret_key=settings.s3_secret_key,
         region=settings.s3_region, allow_bucket_creation=False,
     )
+
+
+COMPLETE_MARKER = "_SUCCESS"  # Hadoop's and Spark's name for "every file of this folder is written"
+
+
+def mark_complete(filesystem, folder: str) -> None:
+    """Write the marker that says every file under ``folder`` is written; the last step of a folder's writer."""
+    with filesystem.open_output_stream(f"{folder}/{COMPLETE_MARKER}") as out:
+        out.write(b"")
+
+
+def is_complete(filesystem, folder: str) -> bool:
+    """Whether ``folder`` holds the marker its writer leaves once every file is written."""
+    from pyarrow import fs
+
+    return filesystem.get_file_info(f"{folder}/{COMPLETE_MARKER}").type == fs.FileType.File
+
+
+def require_complete(filesystem, folder: str, rerun: str) -> str:
+    """``folder`` when its writer finished; otherwise one error naming ``rerun``, the call that writes it whole.
+
+    A write cut off half-way (an error, a stopped kernel) leaves some files and no marker; reading
+    them as the whole would count a part as the result.
+    """
+    if not is_complete(filesystem, folder):
+        raise StorageError(f"s3://{folder}/ is incomplete: its writer stopped before the end (no {COMPLETE_MARKER}). "
+                           f"{rerun}")
+    return folder

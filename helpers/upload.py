@@ -3,7 +3,6 @@
 Lesson 01 · Upload MNIST to an object store. Above each definition, the cell that teaches it.
 """
 import functools
-import gzip
 import io
 import time
 from collections.abc import Iterable
@@ -20,7 +19,8 @@ from helpers.notebook import progress_bar
 from helpers.storage import (check_bucket_name, ensure_bucket, get_client, image_keys, object_store_errors,
                              smoke_sizes)
 from helpers.upload_support import (append_object_id, check_one_format, damaged_keys, finish_append,
-                                    manifest_covers, manifest_objects, raise_interrupted, start_or_resume_append)
+                                    manifest_covers, manifest_objects, merge_manifest, raise_interrupted,
+                                    start_or_resume_append)
 
 
 # From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
@@ -91,8 +91,10 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
                 done += 1
             bar.update(len(finished))
     except BaseException as err:  # a failure or the kernel's interrupt: drop the queued uploads
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise_interrupted(err, done, len(items), client, bucket)
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:  # a second press while the running uploads finish still says how far it got
+            raise_interrupted(err, done, len(items), client, bucket)
     finally:
         pool.shutdown(wait=True)
         bar.close()
@@ -148,12 +150,10 @@ class UploadReport:
 
 # From notebooks/01_upload_mnist.ipynb, cell 32 (id eff84a7d).
 def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
-    """Write every data key of the bucket into one gzipped object; returns the number of keys."""
+    """Add every data key to the bucket's manifest, one gzipped object; returns how many keys it names."""
     keys = [k for k in keys if k.startswith(("train/", "test/"))]
-    body = gzip.compress("\n".join(keys).encode(), compresslevel=6)
     with object_store_errors(client, bucket):
-        client.put_object(bucket, MANIFEST_KEY, io.BytesIO(body), len(body), content_type="application/gzip")
-    return len(keys)
+        return merge_manifest(client, bucket, MANIFEST_KEY, keys)
 
 
 # From notebooks/01_upload_mnist.ipynb, cell 34 (id ea6a6880).

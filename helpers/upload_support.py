@@ -8,7 +8,8 @@ skipping what exists. Around it:
   each round's ids are UUIDs derived from the round id;
 * repair: objects whose size or ETag says they hold other bytes than their
   image are found from the listing alone and uploaded again;
-* one image format per bucket, and one clear line when an upload is cut off.
+* one image format per bucket, and one clear line when an upload is cut off;
+* the manifest merged with a conditional write, so two uploads finishing at once both land in it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import gzip
 import hashlib
 import io
 import json
+import random
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 
@@ -66,7 +69,8 @@ def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
         new = marker is None
         if not new:
             print(f"Resuming the unfinished append round {marker['round'][:8]} "
-                  f"(smoke_test_size={marker['smoke_test_size']}, {marker['image_format']}).")
+                  f"(smoke_test_size={marker['smoke_test_size']}, {marker['image_format']}): an interrupted "
+                  "call left it, or another upload runs it now and the two share its objects.")
         else:
             marker = {"round": uuid.uuid4().hex, "smoke_test_size": int(smoke_test_size),
                       "image_format": image_format}
@@ -74,6 +78,54 @@ def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,
             client.put_object(bucket, APPEND_MARKER_KEY, io.BytesIO(body), len(body),
                               content_type="application/json")
     return marker["round"], marker["smoke_test_size"], marker["image_format"], new
+
+
+def _read_manifest(client: Minio, bucket: str, manifest_key: str) -> tuple[set[str], str | None]:
+    """The keys the manifest names and its ETag; (set(), None) where there is none, (set(), etag) where damaged."""
+    try:
+        response = client.get_object(bucket, manifest_key)
+    except S3Error as err:
+        if err.code == "NoSuchKey":
+            return set(), None
+        raise
+    try:
+        etag = response.headers.get("ETag")
+        try:
+            return {key for key in gzip.decompress(response.read()).decode().split("\n") if key}, etag
+        except (OSError, EOFError, UnicodeDecodeError):
+            return set(), etag
+    finally:
+        response.close()
+        response.release_conn()
+
+
+# AWS answers a conditional write that lost a race with either of these; SeaweedFS and MinIO with the first.
+_LOST_THE_RACE = ("PreconditionFailed", "ConditionalRequestConflict")
+
+
+def merge_manifest(client: Minio, bucket: str, manifest_key: str, keys: Iterable[str], attempts: int = 40) -> int:
+    """Write the manifest as ``keys`` plus what it names now, unless somebody wrote it meanwhile: then merge again.
+
+    Two uploads that finish at once both read the old manifest, and a plain PUT keeps only the last
+    one's keys. This PUT is conditional on the manifest read (``If-Match`` on its ETag, or
+    ``If-None-Match: *`` where there was none), so the slower writer is refused, reads the new manifest
+    and merges. Returns how many keys the written manifest names.
+    """
+    keys = set(keys)
+    for attempt in range(attempts):
+        listed, etag = _read_manifest(client, bucket, manifest_key)
+        merged = sorted(keys | listed)
+        body = gzip.compress("\n".join(merged).encode(), compresslevel=6)
+        condition = {"If-Match": etag} if etag else {"If-None-Match": "*"}
+        try:  # minio's put_object takes no request headers: the plain PutObject call takes them
+            client._put_object(bucket, manifest_key, body, {"Content-Type": "application/gzip", **condition})
+            return len(merged)
+        except S3Error as err:
+            if err.code not in _LOST_THE_RACE:
+                raise
+        time.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+    raise StorageError(f"The manifest {manifest_key} of bucket '{bucket}' changed under each of {attempts} writes; "
+                       "another upload keeps rewriting it. Run the call again once that upload is done.")
 
 
 def manifest_objects(client: Minio, bucket: str, manifest_key: str) -> dict[str, tuple[int, str]]:
@@ -84,19 +136,12 @@ def manifest_objects(client: Minio, bucket: str, manifest_key: str) -> dict[str,
     upload that finished wrote the manifest, so it names them in one request, where a listing of the
     whole bucket grows with every round (10 s at 210,000 objects, a seventh of a round's upload).
     """
-    try:
+    try:  # none, damaged or not reachable: {}, and the caller lists the bucket (and says why)
         with object_store_errors(client, bucket):
-            response = client.get_object(bucket, manifest_key)
-    except (S3Error, StorageError):  # none yet, or not reachable: the caller lists the bucket (and says why)
+            listed, _ = _read_manifest(client, bucket, manifest_key)
+    except (S3Error, StorageError):
         return {}
-    try:
-        text = gzip.decompress(response.read()).decode()
-    except (OSError, EOFError, UnicodeDecodeError):  # damaged: the listing finds what is there
-        return {}
-    finally:
-        response.close()
-        response.release_conn()
-    return {key: (-1, "") for key in text.split("\n") if key}
+    return {key: (-1, "") for key in listed}
 
 
 def finish_append(client: Minio, bucket: str) -> None:

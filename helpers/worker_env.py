@@ -28,10 +28,12 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
     the EC2 metadata service, which costs seconds per process off AWS.
 
     A job's ``runtime_env`` can be read by anyone who can reach the cluster's
-    dashboard, state or job API: with ``with_keys=False`` the S3 keys stay out
-    of it, for clusters whose nodes have them in their own environment.
+    dashboard, state or job API: with ``with_keys=False`` the S3 keys and MLflow's
+    password stay out of it, for clusters whose nodes have them in their own environment.
     """
-    keys = {"S3_ACCESS_KEY": settings.s3_access_key, "S3_SECRET_KEY": settings.s3_secret_key} if with_keys else {}
+    keys = {"S3_ACCESS_KEY": settings.s3_access_key, "S3_SECRET_KEY": settings.s3_secret_key,
+            "MLFLOW_TRACKING_USERNAME": settings.mlflow_username,
+            "MLFLOW_TRACKING_PASSWORD": settings.mlflow_password} if with_keys else {}
     values = {
         "AWS_EC2_METADATA_DISABLED": "true",
         "S3_ENDPOINT": settings.s3_url, **keys, "S3_SECURE": str(settings.s3_secure).lower(),
@@ -55,7 +57,8 @@ REPRODUCIBLE_NUMERICS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
 WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
-                   "S3_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+                   "S3_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                   "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
 
 
 def loopback_only() -> None:
@@ -71,3 +74,16 @@ def loopback_only() -> None:
     from ray._private import ray_constants
 
     ray_constants.ENABLE_RAY_CLUSTER = False
+
+
+def private_ray_tmpdir() -> None:
+    """Give Ray, in this process and the workers it starts, a temporary folder of this user's own.
+
+    Ray keeps its session files in ``/tmp/ray`` and Ray Train's lock files in ``/tmp/_ray_lockfiles``, one
+    of each for every user of the machine: the first user's folders lock the others out (another
+    learner's training run failed with PermissionError on a lock file), and its session folders are
+    writable by everyone. ``RAY_TMPDIR`` (Ray's own variable) moves both; one already set is kept.
+    """
+    from helpers.files import private_temp_folder
+
+    os.environ.setdefault("RAY_TMPDIR", str(private_temp_folder("ray")))

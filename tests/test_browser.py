@@ -376,7 +376,7 @@ def test_the_dashboard_opens_without_a_token_prompt_and_lists_the_actors(lab, pa
     shoot(page, "dashboard-actors")
 
 
-def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, page, settings):
+def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, browser, settings):
     from mlflow.tracking import MlflowClient
 
     run_id = lab.urls.get("04 run") or pytest.skip("notebook 04 did not run in this session")
@@ -384,6 +384,13 @@ def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, pa
     run = client.get_run(run_id)
     points = client.get_metric_history(run_id, "train_loss")
     assert sorted(p.step for p in points) == list(range(1, int(run.data.params["epochs"]) + 1))
+    anonymous = browser.new_context()
+    assert anonymous.new_page().goto(lab.urls["MLflow"]).status == 401  # MLflow asks who is there
+    anonymous.close()
+    # Signed in as the lab says: its user, and the password `python -m helpers.stack env` prints.
+    context = browser.new_context(viewport={"width": 1400, "height": 900}, http_credentials={
+        "username": settings.mlflow_username, "password": settings.mlflow_password})
+    page = context.new_page()
     page.goto(f"{lab.urls['MLflow']}/#/experiments/{run.info.experiment_id}/runs/{run_id}/model-metrics")
     page.get_by_text("train_loss", exact=True).first.wait_for(timeout=60_000)
     page.get_by_text(run.info.run_name).first.wait_for(timeout=30_000)
@@ -393,6 +400,7 @@ def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, pa
         page.locator("button[aria-label='Close']").last.click()
     page.wait_for_timeout(1500)
     shoot(page, "mlflow-run")
+    context.close()
 
 
 def test_ctrl_c_stops_jupyterlab_and_the_dashboard_and_the_stack_s_ray_runs_again(lab, settings):

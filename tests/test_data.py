@@ -148,9 +148,45 @@ def test_repacking_swaps_in_the_new_shards_only_when_all_are_written(ray_local, 
     assert preprocess.read_parquet_dataset(dataset_bucket).count() == 100  # the old shards are still whole
     second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:50], y[:50]), dataset_bucket, num_shards=2)
     assert second != first and preprocess.read_parquet_dataset(dataset_bucket).count() == 50
-    folders = {o.object_name.split("/")[2] for o in client.list_objects(dataset_bucket, prefix="packed/train/",
-                                                                       recursive=True)} - {""}  # folder markers
-    assert folders == {"CURRENT", second.rsplit("/", 1)[1]}  # the failed and the replaced folders are gone
+    # The replaced folder stays for a reader that started before the swap; the failed one goes.
+    assert packed_folders(client, dataset_bucket) == {"CURRENT", first.rsplit("/", 1)[1], second.rsplit("/", 1)[1]}
+    third = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:30], y[:30]), dataset_bucket, num_shards=2)
+    assert packed_folders(client, dataset_bucket) == {"CURRENT", second.rsplit("/", 1)[1], third.rsplit("/", 1)[1]}
+
+
+def packed_folders(client, bucket: str) -> set[str]:
+    """The names under packed/train/: CURRENT and the version folders."""
+    return {o.object_name.split("/")[2] for o in client.list_objects(bucket, prefix="packed/train/",
+                                                                     recursive=True)} - {""}  # folder markers
+
+
+def test_a_reader_of_the_replaced_shards_and_a_packing_still_running_keep_their_folders(
+        ray_local, dataset_bucket, pointers, client, settings):
+    import ray.data
+
+    x, y = pointers
+    first = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:40], y[:40]), dataset_bucket, num_shards=2)
+    reading = preprocess.packed_path(dataset_bucket)  # a reader picks the folder, and reads it while ...
+    filesystem = storage.s3_filesystem(settings)
+    running = f"{dataset_bucket}/packed/train/99991231-235959-000000"  # ... a packing started later still writes
+    with filesystem.open_output_stream(f"{running}/part-0.parquet") as out:
+        out.write(b"half of a shard")
+    second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:20], y[:20]), dataset_bucket, num_shards=2)
+    assert reading == first != second == preprocess.packed_path(dataset_bucket)
+    assert ray.data.read_parquet(reading, filesystem=filesystem, file_extensions=["parquet"]).count() == 40
+    assert filesystem.get_file_info(f"{running}/part-0.parquet").size == len(b"half of a shard")
+
+
+@pytest.mark.timeout(300)
+def test_two_packings_at_once_leave_current_naming_a_whole_folder(ray_local, dataset_bucket, pointers):
+    from concurrent.futures import ThreadPoolExecutor
+
+    x, y = pointers
+    sizes = [60, 30]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda n: preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:n], y[:n]),
+                                                               dataset_bucket, num_shards=2), sizes))
+    assert preprocess.read_parquet_dataset(dataset_bucket).count() in sizes
 
 
 @pytest.mark.parametrize("call", [
@@ -290,7 +326,8 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
         for proc in reversed(nodes):  # a throwaway cluster: `ray start --block` takes 20 s and more on SIGTERM
             with contextlib.suppress(psutil.NoSuchProcess):
                 stack.stop_group(psutil.Process(proc.pid), timeout=3)
-        marker = "/tmp/ray/ray_current_cluster"  # `ray start` leaves it behind; `ray stop` would remove it
+        # `ray start` leaves it behind (in its RAY_TMPDIR, this process's); `ray stop` would remove it
+        marker = os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "ray_current_cluster")
         with contextlib.suppress(OSError):
             with open(marker) as handle:
                 ours = handle.read().strip().endswith(f":{port}")

@@ -118,6 +118,18 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
         request = urllib.request.Request(f"{dashboard}/api/jobs/", headers={"Cookie": cookie})
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert answer.status == 200
+        # the link works once: a second use (a leaked link, a browser's history) signs nobody in
+        with pytest.raises(urllib.error.HTTPError) as again:
+            urllib.request.build_opener(NoRedirect).open(link, timeout=10)
+        assert again.value.code == 403 and "Set-Cookie" not in again.value.headers
+        assert "--sign-in-link" in again.value.read().decode()
+        fresh = subprocess.run([sys.executable, "-m", "helpers.lab", "--sign-in-link"], cwd=project_root(),
+                               capture_output=True, text=True, timeout=60)
+        assert fresh.returncode == 0 and fresh.stdout.strip().startswith(f"http://127.0.0.1:{ports['sign_in']}/?key=")
+        assert fresh.stdout.strip() != link
+        with pytest.raises(urllib.error.HTTPError) as signed_in_again:
+            urllib.request.build_opener(NoRedirect).open(fresh.stdout.strip(), timeout=10)
+        assert signed_in_again.value.code == 303
         # one lab per stack: a second one says so in one line and touches nothing
         second = subprocess.run(lab_command(stack.free_ports(["jupyter", "dashboard", "sign_in"])),
                                 cwd=project_root(), capture_output=True, text=True, timeout=60)
@@ -171,6 +183,46 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
     proc.wait(timeout=10)
     lab.wait(timeout=90)
     assert_cleaned_up(ports)
+
+
+def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
+    """Ctrl-C before the URLs are printed, while JupyterLab starts: it is stopped too, not left running."""
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    proc = subprocess.Popen(lab_command(ports), cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    deadline, jupyter = time.monotonic() + 60, None
+    while jupyter is None and time.monotonic() < deadline:
+        jupyter = next((p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if "jupyterlab" in " ".join(p.cmdline())), None)
+        time.sleep(0.1)
+    assert jupyter is not None, "JupyterLab started"
+    proc.send_signal(signal.SIGINT)  # before it answers: JupyterLab takes seconds to start
+    assert proc.wait(timeout=90) == 0
+    assert not jupyter.is_running() or jupyter.status() == psutil.STATUS_ZOMBIE
+    assert not port_open(ports["jupyter"])
+    assert stack.remembered_process(state(), lab_module.LAB_RECORD) is None
+
+
+def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_path):
+    """A notebook (a `make run`, a `make catch-up`) runs on the stack's Ray: the lab would restart that Ray to add
+    its dashboard and stop the notebook mid-run. It refuses, in one line naming the job, and touches nothing."""
+    service = ray_service.read_service(state())
+    script = tmp_path / "driver.py"
+    script.write_text("import time\nfrom helpers import cluster\ncluster.init_ray()\nprint('joined', flush=True)\n"
+                      "time.sleep(120)\n")
+    driver = subprocess.Popen([sys.executable, str(script)], cwd=project_root(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert driver.stdout.readline().strip() == "joined"
+        result = subprocess.run(lab_command(stack.free_ports(["jupyter", "dashboard", "sign_in"])),
+                                cwd=project_root(), capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1, result.stdout + result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.strip()]
+        assert len(errors) == 1 and "The stack's Ray runs 1 job(s)" in errors[0] and f"pid {driver.pid}" in errors[0]
+        assert ray_service.read_service(state())["pid"] == service["pid"], "the stack's Ray was not restarted"
+        assert driver.poll() is None, "the job goes on"
+    finally:
+        driver.kill()
+        driver.wait()
 
 
 @pytest.mark.parametrize("arguments, message", [

@@ -140,8 +140,10 @@ def test_helpers_stay_thin_plumbing():
     # tracking, the benchmark's spans; and what the lessons call in one line but do not teach (the shard cache,
     # fault injection, parameter checks, append rounds and repair, worker logs, import polling, the datasets kept
     # per pointers, notebook 07's first training); the exercises' solutions and `make solutions`, the one line an
-    # interrupted Ray cell ends in, the code version a run records, the day's models 06-07 compare
-    assert lines <= 5000, f"hand-written helpers hold {lines} lines"
+    # interrupted Ray cell ends in, the code version a run records, the day's models 06-07 compare; a shared
+    # server's locks (the store's TLS and signing keys, MLflow's login, each user's own ports, one-time sign-in
+    # links, conditional manifest writes, packed versions kept for their readers, complete-folder markers)
+    assert lines <= 5600, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -295,7 +295,7 @@ def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket,
     prefix = facts["predictions"].removeprefix(f"s3://{bucket}/")
     files = [o.object_name for o in client.list_objects(bucket, prefix=prefix, recursive=True)
              if not o.object_name.endswith("/")]  # pyarrow leaves a folder marker
-    assert files and all(name.endswith(".parquet") for name in files)
+    assert files[-1] == f"{prefix}_SUCCESS" and all(name.endswith(".parquet") for name in files[:-1])
     table = pq.read_table(facts["predictions"].removeprefix("s3://"), filesystem=storage.s3_filesystem(settings))
     assert table.column_names == ["key", "label", "predicted", "confidence"] and table.num_rows == 50
     parquet_accuracy = float((table["label"].to_numpy() == table["predicted"].to_numpy()).mean())

@@ -1,5 +1,6 @@
 """Lifecycle of the embedded stack, on private ports and a private state folder."""
 
+import hashlib
 import http.server
 import io
 import json
@@ -378,17 +379,22 @@ def test_up_after_a_kill_returns_once_stored_objects_can_be_read(state):
                 response.release_conn()
 
 
-@pytest.mark.parametrize("topology, ready", [
-    ({"Max": 0, "Free": 0, "DataCenters": None}, False),  # what the master answers before the first heartbeat
-    ({"Max": 55, "DataCenters": [{"Id": "dc", "Racks": [{"Id": "r", "DataNodes": []}]}]}, False),
-    ({"Max": 55, "DataCenters": [{"Id": "dc", "Racks": [{"Id": "r", "DataNodes": [{"Url": "127.0.0.1:1"}]}]}]}, True),
+@pytest.mark.parametrize("volume_servers, ready", [
+    ("", False),  # what the master's status page lists before the first heartbeat
+    ('<a href="http://127.0.0.1:1/ui/index.html">127.0.0.1:1</a>', False),  # a volume server, not this stack's
+    ('<a href="http://127.0.0.1:{volume}/ui/index.html">127.0.0.1:{volume}</a>', True),
 ])
-def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(tmp_path, topology, ready):
-    """Health needs both the S3 port's ``/healthz`` and a volume server in the master's topology."""
+def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(tmp_path, volume_servers, ready,
+                                                                                 monkeypatch):
+    """Health needs both the S3 port's ``/healthz`` and this stack's volume server on the master's status page."""
+    volume = 65000
+    monkeypatch.setattr(stack, "_knows_our_keys", lambda *args: True)  # tested with real stacks below
+
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
-            body = b"OK" if self.path == "/healthz" else json.dumps({"Topology": topology}).encode()
-            self.send_response(200 if self.path in ("/healthz", "/dir/status") else 404)
+            page = f"<html><h2>Topology</h2>{volume_servers.format(volume=volume)}</html>"
+            body = {"/healthz": b"OK", "/": page.encode()}.get(self.path, b"404 page not found")
+            self.send_response(200 if self.path in ("/healthz", "/") else 404)
             self.end_headers()
             self.wfile.write(body)
 
@@ -399,7 +405,7 @@ def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        (tmp_path / "ports.json").write_text(json.dumps({"s3": port, "master": port}))
+        (tmp_path / "ports.json").write_text(json.dumps({"s3": port, "master": port, "volume": volume}))
         assert stack._healthy("seaweedfs", tmp_path, f"http://127.0.0.1:{port}") is ready
     finally:
         server.shutdown()
@@ -511,6 +517,10 @@ class ReleaseServer(http.server.ThreadingHTTPServer):
         self.files[path] = buffer.getvalue()
         return path
 
+    def sha256(self, path: str) -> str:
+        """The digest of the archive published at ``path`` (what a test pins in place of the real release's)."""
+        return hashlib.sha256(self.files[path]).hexdigest()
+
 
 @pytest.fixture
 def releases():
@@ -526,51 +536,62 @@ def lakectl() -> str:
 
 def test_download_fetches_unpacks_and_checks_the_pinned_release(releases, tmp_path):
     path = releases.publish(lakefs_binary.LAKEFS_VERSION, {"lakefs": fake_lakefs(), "lakectl": lakectl()})
-    binary = lakefs_binary.download(target=tmp_path / "bin", base_url=releases.url, timeout=10)
+    binary = lakefs_binary.download(target=tmp_path / "bin", base_url=releases.url, timeout=10,
+                                    sha256=releases.sha256(path))
     assert releases.requests == [path] and path.endswith(f"v{lakefs_binary.LAKEFS_VERSION}/lakeFS_"
-                                                         f"{lakefs_binary.LAKEFS_VERSION}_linux_x86_64.tar.gz")
+                                                         f"{lakefs_binary.LAKEFS_VERSION}_Linux_x86_64.tar.gz")
     assert binary == tmp_path / "bin" / "lakefs" and (tmp_path / "bin" / "lakectl").is_file()
     assert lakefs_binary.verify(binary) == f"lakefs version {lakefs_binary.LAKEFS_VERSION}"
     assert sorted(p.name for p in (tmp_path / "bin").iterdir()) == ["lakectl", "lakefs"], "no leftovers"
 
 
-@pytest.mark.parametrize("case", ["wrong version", "not an archive", "no lakefs inside", "no such release",
-                                  "nothing listening"])
+@pytest.mark.parametrize("case", ["not the pinned archive", "wrong version", "not an archive", "no lakefs inside",
+                                  "no such release", "nothing listening", "no pin for that version"])
 def test_a_bad_download_says_why_and_installs_nothing(releases, tmp_path, case):
     version = lakefs_binary.LAKEFS_VERSION
-    base = releases.url
-    if case == "wrong version":
-        releases.publish(version, {"lakefs": fake_lakefs("1.2.3"), "lakectl": lakectl()})
+    base, path = releases.url, None
+    if case in ("not the pinned archive", "no pin for that version"):  # a mirror serving other bytes
+        releases.publish(version, {"lakefs": fake_lakefs(), "lakectl": lakectl()})
+    elif case == "wrong version":
+        path = releases.publish(version, {"lakefs": fake_lakefs("1.2.3"), "lakectl": lakectl()})
     elif case == "not an archive":
         path = releases.publish(version, {})
         releases.files[path] = b"<html>rate limited</html>"
     elif case == "no lakefs inside":
-        releases.publish(version, {"lakectl": lakectl()})
+        path = releases.publish(version, {"lakectl": lakectl()})
     elif case == "nothing listening":
         base = f"http://127.0.0.1:{stack.free_ports(['x'])['x']}/"
     with pytest.raises(lakefs_binary.DownloadError) as err:
-        lakefs_binary.download(target=tmp_path / "bin", base_url=base, timeout=10)
-    expected = {"wrong version": "not lakeFS " + version, "not an archive": "not a lakeFS release archive",
+        lakefs_binary.download("1.2.3" if case == "no pin for that version" else version, target=tmp_path / "bin",
+                               base_url=base, timeout=10, sha256=path and releases.sha256(path))
+    expected = {"not the pinned archive": f"not the pinned {lakefs_binary.pinned_sha256()}",
+                "wrong version": "not lakeFS " + version, "not an archive": "not a lakeFS release archive",
                 "no lakefs inside": "not a lakeFS release archive", "no such release": "404",
-                "nothing listening": "could not fetch"}[case]
+                "nothing listening": "could not fetch",
+                "no pin for that version": "no SHA-256 is pinned for lakeFS 1.2.3"}[case]
     assert expected in str(err.value)
     assert not (tmp_path / "bin" / "lakefs").exists() and not list((tmp_path / "bin").glob(".download-*"))
 
 
-def up_download_lakefs(state, home, releases_url: str) -> subprocess.CompletedProcess:
-    """``python -m helpers.stack up --download-lakefs`` with no lakefs anywhere, on private ports."""
+def up_download_lakefs(state, home, releases_url: str, sha256: str = "") -> subprocess.CompletedProcess:
+    """``python -m helpers.stack up --download-lakefs`` with no lakefs anywhere, on private ports.
+
+    ``sha256`` takes the place of the real release's pinned digest, for a test archive.
+    """
     stack._load_or_choose_ports(state, private_ports())  # noqa: SLF001 - remembered by the CLI's up
     env = {**os.environ, "HOME": str(home), "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
            lakefs_binary.RELEASES_URL_ENV: releases_url}
-    return subprocess.run([sys.executable, "-m", "helpers.stack", "up", "--download-lakefs", "--no-mlflow", "--no-ray",
+    pin = f"lakefs_binary.RELEASE_SHA256 = dict.fromkeys(lakefs_binary.RELEASE_SHA256, {sha256!r}); " if sha256 else ""
+    code = f"import sys; from helpers import lakefs_binary, stack; {pin}sys.exit(stack.main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, "up", "--download-lakefs", "--no-mlflow", "--no-ray",
                            "--state-dir", str(state)], capture_output=True, text=True, timeout=180, env=env)
 
 
 @pytest.mark.slow
 @pytest.mark.lakefs
 def test_up_download_lakefs_fetches_it_when_missing_and_starts_it(releases, state, tmp_path):
-    releases.publish(lakefs_binary.LAKEFS_VERSION, {"lakefs": fake_lakefs(), "lakectl": lakectl()})
-    result = up_download_lakefs(state, tmp_path / "home", releases.url)
+    path = releases.publish(lakefs_binary.LAKEFS_VERSION, {"lakefs": fake_lakefs(), "lakectl": lakectl()})
+    result = up_download_lakefs(state, tmp_path / "home", releases.url, releases.sha256(path))
     assert result.returncode == 0, result.stdout + result.stderr
     installed = tmp_path / "home" / ".lakefs" / "bin" / "lakefs"
     assert f"lakeFS {lakefs_binary.LAKEFS_VERSION} is not installed: fetching it ... installed: {installed}\n" \
@@ -614,3 +635,76 @@ def test_an_exited_process_its_parent_has_not_reaped_counts_as_stopped():
     finally:
         parent.kill()
         parent.wait()
+
+
+def hold(port: int) -> socket.socket | None:
+    """A listening socket on ``port``, as another learner's stack would hold it (None where one holds it already)."""
+    holder = socket.socket()
+    try:
+        holder.bind(("127.0.0.1", port))
+    except OSError:
+        holder.close()
+        return None
+    holder.listen()
+    return holder
+
+
+def test_a_new_stack_takes_the_default_ports_that_are_free_and_moves_the_others(state):
+    holder = hold(stack.DEFAULT_PORTS["s3"])
+    try:
+        ports, given = stack._load_or_choose_ports(state, None)  # noqa: SLF001
+    finally:
+        if holder:
+            holder.close()
+    assert given == set() and ports["s3"] != stack.DEFAULT_PORTS["s3"] and stack.port_is_free(ports["s3"])
+    assert all(port == stack.DEFAULT_PORTS[name] for name, port in ports.items() if name != "s3"
+               and stack.port_is_free(stack.DEFAULT_PORTS[name]) and name not in ("admin", "admin_grpc"))
+    assert ports["admin_grpc"] == ports["admin"] + 10_000 and len(set(ports.values())) == len(ports)
+    saved = json.loads((state / "ports.json").read_text())
+    assert {k: saved[k] for k in ports} == ports and saved[stack.GIVEN_KEY] == []
+    assert stack._load_or_choose_ports(state, None) == (ports, set())  # noqa: SLF001 - kept for the next start
+
+
+@pytest.mark.slow
+def test_up_moves_a_remembered_port_another_program_took_meanwhile(state, capsys):
+    ports = private_ports()
+    (state / "ports.json").write_text(json.dumps(ports))  # chosen by the stack, not by the user
+    holder = hold(ports["s3"])
+    try:
+        rows = {r.name: r for r in stack.up(state, with_mlflow=False, with_ray=False)}
+    finally:
+        holder.close()
+    moved = json.loads((state / "ports.json").read_text())["s3"]
+    assert rows["seaweedfs"].healthy and moved != ports["s3"]
+    assert f"Ports another program holds, moved: s3 {ports['s3']} -> {moved}" in capsys.readouterr().out
+    settings = load_settings(environ={}, stack_state=state)
+    assert settings.s3_endpoint == f"http://127.0.0.1:{moved}"
+    storage.ensure_bucket(storage.get_client(settings), "reachable")
+
+
+@pytest.mark.slow
+def test_two_stacks_started_at_the_same_moment_on_the_same_ports_each_end_with_their_own(tmp_path):
+    """Two learners' first ``up`` at the same moment both find the same ports free: one wins them, the other moves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ports = private_ports()
+    states = [tmp_path / "first", tmp_path / "second"]
+    for state in states:
+        state.mkdir()
+        (state / "ports.json").write_text(json.dumps(ports))  # chosen by the stacks, so either may move them
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda state: cli("up", "--no-ray", "--no-lakefs", state=state), states))
+        assert [r.returncode for r in results] == [0, 0], [r.stdout + r.stderr for r in results]
+        assert sum("while this stack started: starting again on free ones" in r.stdout for r in results) == 1
+        chosen = [json.loads((state / "ports.json").read_text()) for state in states]
+        for name in ("s3", "mlflow"):
+            assert chosen[0][name] != chosen[1][name], name
+        for state in states:  # each one's keys and login open its own servers
+            settings = load_settings(environ={}, stack_state=state)
+            storage.get_client(settings).list_buckets()
+            assert stack._knows_our_keys("mlflow", state, settings.mlflow_tracking_uri)  # noqa: SLF001
+            assert all(r.healthy for r in stack.status(state) if r.name in ("seaweedfs", "mlflow"))
+    finally:
+        for state in states:
+            stack.down(state)

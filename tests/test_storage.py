@@ -364,3 +364,44 @@ def test_two_uploads_at_once_end_with_one_complete_copy(client, bucket):
     assert len(keys) == len(set(keys)) == 700
     assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
     assert upload.verify_upload(bucket, 600, client=client) == []  # every object is its image
+
+
+def test_a_manifest_written_meanwhile_is_merged_not_overwritten(client, uploaded, monkeypatch):
+    bucket, _ = uploaded
+    put = client._put_object
+
+    def another_upload_writes_first(*args, **kwargs):
+        monkeypatch.setattr(client, "_put_object", put)  # only this first write loses the race
+        upload_support.merge_manifest(client, bucket, upload.MANIFEST_KEY, ["train/0/other-upload.png"])
+        return put(*args, **kwargs)
+
+    monkeypatch.setattr(client, "_put_object", another_upload_writes_first)
+    assert upload.write_manifest(client, bucket, ["train/0/this-upload.png"]) == 142
+    names = set(listing.list_objects_from_manifest(bucket, client=client))
+    assert {"train/0/this-upload.png", "train/0/other-upload.png"} <= names and len(names) == 142
+
+
+@pytest.mark.timeout(120)
+def test_an_append_round_and_an_upload_at_once_both_land_in_the_manifest(client, uploaded):
+    from concurrent.futures import ThreadPoolExecutor
+
+    bucket, _ = uploaded
+    calls = [dict(smoke_test_size=600), dict(smoke_test_size=SMOKE, append=True)]
+    with ThreadPoolExecutor(2) as pool:  # each read the manifest (or listing) before the other wrote it
+        reports = list(pool.map(lambda kw: upload.upload_mnist(bucket, client=client, progress=False, **kw), calls))
+    assert [r.uploaded for r in reports] == [700 - 140, 140]
+    keys = listing.list_objects_parallel(bucket, client=client)
+    assert len(keys) == len(set(keys)) == 700 + 140
+    assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
+
+
+def test_a_folder_whose_writer_stopped_half_way_is_refused_by_its_readers(bucket, client, settings):
+    filesystem = storage.s3_filesystem(settings)
+    storage.ensure_bucket(client, bucket)
+    folder = f"{bucket}/predictions/cut-off"
+    with filesystem.open_output_stream(f"{folder}/part-0.parquet") as out:  # a write that stopped after one file
+        out.write(b"some rows")
+    with pytest.raises(storage.StorageError, match=r"cut-off/ is incomplete: .* \(no _SUCCESS\). Run it again\."):
+        storage.require_complete(filesystem, folder, "Run it again.")
+    storage.mark_complete(filesystem, folder)
+    assert storage.require_complete(filesystem, folder, "Run it again.") == folder

@@ -1,0 +1,106 @@
+"""Every door of the embedded stack asks who is knocking: S3 by its keys, MLflow by a login, the store's other
+ports refuse or are closed, and no secret shows on a command line (the session's stack)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import socket
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from helpers import seaweedfs_security, storage
+from tests.secrets_scan import on_command_lines, stack_secrets
+
+
+@pytest.fixture(scope="module")
+def state(settings) -> Path:
+    """The session stack's state folder (the tests look at its ports and secrets)."""
+    if not os.environ.get("STACK_STATE_DIR"):
+        pytest.skip("the session uses configured endpoints, not an embedded stack")
+    return Path(os.environ["STACK_STATE_DIR"])
+
+
+@pytest.fixture(scope="module")
+def ports(state) -> dict[str, int]:
+    return {k: v for k, v in json.loads((state / "ports.json").read_text()).items() if isinstance(v, int)}
+
+
+def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """The HTTP status and body of a GET (an error status too); (0, b"") where nothing answers."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except (urllib.error.URLError, OSError):
+        return 0, b""
+
+
+def basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_mlflow_asks_for_its_login(settings):
+    url = settings.mlflow_tracking_uri.rstrip("/")
+    search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
+    assert status_of(search)[0] == 401
+    assert status_of(search, basic(settings.mlflow_username, "not-the-password"))[0] == 401
+    assert status_of(search, basic(settings.mlflow_username, settings.mlflow_password))[0] == 200
+    assert status_of(f"{url}/health")[0] == 200  # what the stack's health check asks, and nothing else
+
+
+def test_the_store_s_other_ports_refuse_to_list_or_change_a_bucket(settings, client, bucket, ports):
+    storage.ensure_bucket(client, bucket)
+    client.put_object(bucket, "train/1/secret.png", io.BytesIO(b"private"), 7)
+    attempts = {
+        "filer listing": f"http://127.0.0.1:{ports['filer']}/buckets/{bucket}/train/1/",
+        "filer read": f"http://127.0.0.1:{ports['filer']}/buckets/{bucket}/train/1/secret.png",
+        "master volume lookup": f"http://127.0.0.1:{ports['master']}/dir/status",
+        "master token": f"http://127.0.0.1:{ports['master']}/dir/assign",
+        "master collection delete": f"http://127.0.0.1:{ports['master']}/col/delete?collection={bucket}",
+        "volume read": f"http://127.0.0.1:{ports['volume']}/1,0100000000",
+        "volume ui": f"http://127.0.0.1:{ports['volume']}/ui/index.html",
+        "admin ui": f"http://127.0.0.1:{ports['admin']}/",
+    }
+    answers = {what: status_of(url, {"Accept": "application/json"}) for what, url in attempts.items()}
+    opened = {what: code for what, (code, body) in answers.items() if 200 <= code < 300 or b"secret.png" in body}
+    assert opened == {}, f"answered without credentials: {opened}"
+    assert storage.read_object(client, bucket, "train/1/secret.png") == b"private"  # nothing changed
+
+
+def test_every_grpc_port_of_the_store_asks_for_a_client_certificate(ports):
+    grpc = {name: port for name, port in ports.items() if name.endswith("_grpc")}
+    assert len(grpc) >= 4
+    assert {name: seaweedfs_security.refuses_plain_clients(port) for name, port in grpc.items()} == dict.fromkeys(
+        grpc, True)
+
+
+def test_the_certificate_check_tells_a_plain_text_port_from_a_tls_one():
+    """The stack checks TLS is on after each start (SeaweedFS falls back silently); a plain port must fail it."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_in_plain_text():
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(1024)
+            connection.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # an HTTP/2 SETTINGS frame, no TLS
+
+    threading.Thread(target=answer_in_plain_text, daemon=True).start()
+    try:
+        assert seaweedfs_security.refuses_plain_clients(server.getsockname()[1], timeout=5) is False
+    finally:
+        server.close()
+
+
+def test_no_secret_of_the_stack_is_on_any_command_line(state):
+    secrets = stack_secrets(state)
+    assert {"S3 secret key", "MLflow password", "MLflow server key", "SeaweedFS JWT key 0"} <= set(secrets)
+    assert on_command_lines(secrets) == []

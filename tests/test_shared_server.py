@@ -1,0 +1,278 @@
+"""A shared workshop server: three learners, each a Unix user with a checkout of their own, run ``make lab`` with
+no flags and notebooks 03 and 04 headless, all at the same time; then each tries every door of the others.
+
+Needs root (to make the throwaway users) and, like the non-root learner test, a checkout and Python that
+other users can reach (``.ci/run`` opens the folders); where either is missing it is skipped, and under
+``TUTORIAL_REQUIRE_BROWSER`` (``.ci/run``) that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from helpers.config import load_settings, project_root
+from tests.secrets_scan import on_command_lines, stack_secrets
+
+REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"  # set by .ci/run: what would be a skip is a failure
+ROOMS = 3
+USER_PREFIX = "tutorial-room-"
+URL_LINE = re.compile(r"\s{2}(JupyterLab|Ray dashboard|MLflow|lakeFS)\s+(\S+)(?: \(signs this browser in to (\S+)\))?")
+
+
+@dataclass
+class Room:
+    """One learner: their account, their checkout and the lab they started."""
+
+    user: str
+    home: Path
+    checkout: Path
+    created: bool
+    lab: subprocess.Popen | None = None
+    output: list[str] = field(default_factory=list)
+    urls: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def state(self) -> Path:
+        return self.checkout / ".stack"
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(self.home), "USER": self.user,
+                "LANG": "C.UTF-8", "LAKEFS_RELEASES_URL": "http://127.0.0.1:9/",  # offline: no lakeFS download
+                # the checkout's own helpers in every process, kernels too (the one environment's editable
+                # install names this project's)
+                "PYTHONPATH": str(self.checkout)}
+
+    def command(self, *args: str) -> list[str]:
+        """``args`` run as this learner, in their checkout, with nothing of root's environment."""
+        return ["runuser", "-u", self.user, "--", "env", "-i", *(f"{k}={v}" for k, v in self.env().items()),
+                "sh", "-c", f'cd "{self.checkout}" && exec "$@"', "sh", *args]
+
+    def ports(self) -> dict[str, int]:
+        return {k: v for k, v in json.loads((self.state / "ports.json").read_text()).items() if isinstance(v, int)}
+
+    def address_book(self) -> dict:
+        """What another learner may know of this room: its addresses, no secret."""
+        settings = load_settings(environ={}, stack_state=self.state)
+        return {"s3": settings.s3_endpoint, "mlflow": settings.mlflow_tracking_uri, "ports": self.ports(),
+                "dashboard": self.urls["dashboard"], "sign_in": self.urls["Ray dashboard"].split("/?")[0],
+                "jupyter": self.urls["JupyterLab"].split("/lab?")[0], "state": str(self.state)}
+
+
+def fail_or_skip(why: str) -> None:
+    if os.environ.get(REQUIRE_ENV):
+        pytest.fail(why)
+    pytest.skip(why)
+
+
+def make_room(number: int, top: Path) -> Room:
+    """A throwaway learner with a checkout of this project (its files, and the one virtual environment)."""
+    user = f"{USER_PREFIX}{number}"
+    created = False
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", user], check=True, capture_output=True)
+        created = True
+    home = Path(pwd.getpwnam(user).pw_dir)
+    checkout = top / user / "checkout"
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=project_root(),
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    for name in files:
+        source = project_root() / name
+        if source.is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, checkout / name)
+    (checkout / ".venv").symlink_to(project_root() / ".venv")
+    subprocess.run(["chown", "-R", f"{user}:", str(top / user)], check=True)
+    (top / user).chmod(0o700)
+    return Room(user, home, checkout, created)
+
+
+def start_lab(room: Room) -> None:
+    """``make lab`` as the learner, with no flags; returns once it printed its URLs."""
+    # -o: the shared environment counts as installed (the learner may not install into it)
+    room.lab = subprocess.Popen(room.command("make", "-o", ".venv/.installed", "lab"), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        line = room.lab.stdout.readline()
+        if not line:
+            break
+        room.output.append(line.rstrip("\n"))
+        found = URL_LINE.match(line)
+        if found:
+            room.urls[found.group(1)] = found.group(2)
+            if found.group(3):
+                room.urls["dashboard"] = found.group(3)
+        if line.startswith("Ctrl-C stops"):
+            threading.Thread(target=lambda: [room.output.append(x.rstrip("\n")) for x in room.lab.stdout],
+                             daemon=True).start()
+            return
+    raise AssertionError(f"{room.user}'s make lab printed no URLs:\n" + "\n".join(room.output[-25:]))
+
+
+def stop_room(room: Room) -> None:
+    if room.lab is not None and room.lab.poll() is None:
+        os.killpg(room.lab.pid, signal.SIGINT)
+        try:
+            room.lab.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(room.lab.pid, signal.SIGKILL)
+    subprocess.run(room.command(".venv/bin/python", "-m", "helpers.stack", "down"), capture_output=True, timeout=120)
+    if room.created:
+        subprocess.run(["userdel", "--remove", room.user], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def rooms():
+    """Three learners whose labs were started at the same moment; everything is stopped and removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("making throwaway users needs root")
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "import helpers.lab"],
+                           capture_output=True, text=True, cwd=project_root())
+    if probe.returncode != 0:
+        fail_or_skip(f"another user cannot run {sys.executable} with this checkout ({probe.stderr.strip()[-200:]}); "
+                     ".ci/run opens the folders on the way")
+    top = Path(tempfile.mkdtemp(prefix="rooms-"))
+    top.chmod(0o711)
+    made: list[Room] = []
+    try:
+        made += [make_room(number, top) for number in range(1, ROOMS + 1)]
+        with ThreadPoolExecutor(ROOMS) as pool:
+            list(pool.map(start_lab, made))
+        yield made
+    finally:
+        with ThreadPoolExecutor(ROOMS) as pool:
+            list(pool.map(stop_room, made))
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def all_secrets(rooms: list[Room]) -> dict[str, str]:
+    return {f"{room.user}: {what}": value for room in rooms
+            for what, value in stack_secrets(room.state, room.home).items()}
+
+
+def test_three_learners_start_make_lab_at_once_with_no_flags_each_on_ports_of_their_own(rooms):
+    for room in rooms:
+        assert {"JupyterLab", "Ray dashboard", "MLflow", "dashboard"} <= set(room.urls), room.output
+        assert not any("Running as root" in line for line in room.output)
+    in_use = [{port for name, port in room.ports().items() if name != "lakefs" or "lakeFS" in room.urls}
+              for room in rooms]  # lakeFS's port only where a lakeFS runs
+    ports = [in_use[i] | {int(re.search(r":(\d+)", room.urls[name]).group(1))
+                         for name in ("JupyterLab", "Ray dashboard", "dashboard")}
+             for i, room in enumerate(rooms)]
+    for i, mine in enumerate(ports):
+        for theirs in ports[i + 1:]:
+            assert not mine & theirs, "two learners share a port"
+    for room in rooms:  # each stack's state and the Ray token are the learner's own, closed to the others
+        assert room.state.stat().st_uid == room.home.stat().st_uid and room.state.stat().st_mode & 0o077 == 0
+        token = room.home / ".ray" / "auth_token"
+        assert token.stat().st_uid == room.home.stat().st_uid and token.stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.timeout(1500)
+def test_each_learner_runs_notebooks_03_and_04_headless_at_the_same_time(rooms):
+    leaks: list[str] = []
+    done = threading.Event()
+
+    def watch_command_lines() -> None:  # every half second while the notebooks run
+        secrets = all_secrets(rooms)
+        while not done.wait(0.5):
+            leaks.extend(on_command_lines(secrets))
+
+    def run_notebooks(room: Room) -> list[subprocess.CompletedProcess]:
+        runner = [".venv/bin/python", "-m", "helpers.runner", "--only"]
+        return [subprocess.run(room.command(*runner, "03_ray_data"), capture_output=True, text=True, timeout=1200),
+                subprocess.run(room.command(*runner, "04_distributed", "-p", "epochs", "3", "-p", "checkpoint_every",
+                                            "3"), capture_output=True, text=True, timeout=1200)]
+
+    watcher = threading.Thread(target=watch_command_lines, daemon=True)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(ROOMS) as pool:
+            results = list(pool.map(run_notebooks, rooms))
+    finally:
+        done.set()
+        watcher.join()
+    for room, runs in zip(rooms, results, strict=True):
+        for run in runs:
+            assert run.returncode == 0, f"{room.user}: {run.stdout[-1500:]}{run.stderr[-1500:]}"
+            assert re.search(r"ok in [\d.]+ s", run.stdout), run.stdout
+    assert sorted(set(leaks)) == [], "a secret on a command line"
+    for room in rooms:  # the run went into the learner's own MLflow
+        settings = load_settings(environ={}, stack_state=room.state)
+        search = urllib.request.Request(
+            f"{settings.mlflow_tracking_uri}/api/2.0/mlflow/experiments/get-by-name?experiment_name=mnist-ray-train",
+            headers=basic_auth(settings.mlflow_username, settings.mlflow_password))
+        with urllib.request.urlopen(search, timeout=15) as answer:
+            assert json.loads(answer.read())["experiment"]["name"] == "mnist-ray-train"
+
+
+def basic_auth(user: str, password: str) -> dict[str, str]:
+    import base64
+
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def what_is_there(room: Room) -> dict:
+    """The room as its learner sees it (read here as root, with their keys): to compare before and after."""
+    from helpers import storage
+
+    settings = load_settings(environ={}, stack_state=room.state)
+    client = storage.get_client(settings)
+    objects = {b.name: sorted(o.object_name for o in client.list_objects(b.name, recursive=True))
+               for b in client.list_buckets()}
+
+    def get(url: str, headers: dict[str, str]) -> object:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=15) as answer:
+            return json.loads(answer.read())
+
+    login = basic_auth(settings.mlflow_username, settings.mlflow_password)
+    mlflow = settings.mlflow_tracking_uri
+    ray_token = (room.home / ".ray" / "auth_token").read_text().strip()
+    jupyter_token = (room.state / "jupyter-token").read_text().strip()
+    jupyter = room.urls["JupyterLab"].split("/lab?")[0]
+    return {
+        "objects": objects,
+        "experiments": sorted(e["name"] for e in get(f"{mlflow}/api/2.0/mlflow/experiments/search?max_results=100",
+                                                      login).get("experiments", [])),
+        "models": get(f"{mlflow}/api/2.0/mlflow/registered-models/search", login).get("registered_models", []),
+        "ray jobs": [job for job in get(f"{room.urls['dashboard']}/api/jobs/", {"Authorization": f"Bearer {ray_token}"})
+                     if job.get("type") == "SUBMISSION"],  # the notebooks' own drivers are listed too
+        "kernels": sorted(k["id"] for k in get(f"{jupyter}/api/kernels", {"Authorization": f"token {jupyter_token}"})),
+    }
+
+
+def test_every_door_of_another_learner_s_room_refuses_them_and_nothing_of_it_changes(rooms):
+    before = {room.user: what_is_there(room) for room in rooms}
+    assert all(len(there["objects"]["mnist"]) > 600 for there in before.values())
+    intruder = str(project_root() / "tests" / "room_intruder.py")
+    verdicts = {}
+    for me in rooms:
+        for them in rooms:
+            if me is not them:
+                tried = subprocess.run(me.command(".venv/bin/python", intruder), input=json.dumps(them.address_book()),
+                                       capture_output=True, text=True, timeout=300)
+                assert tried.returncode == 0, tried.stderr[-2000:]
+                verdicts[f"{me.user} -> {them.user}"] = json.loads(tried.stdout.strip().splitlines()[-1])
+    opened = {pair: {door: verdict for door, verdict in doors.items() if not verdict.startswith("refused")}
+              for pair, doors in verdicts.items()}
+    assert opened == dict.fromkeys(verdicts, {}), json.dumps(opened, indent=1)
+    assert len(next(iter(verdicts.values()))) >= 18
+    assert {room.user: what_is_there(room) for room in rooms} == before
