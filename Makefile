@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lab reset catch-up solutions stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
+.PHONY: install run test lab lab-link submit reset catch-up solutions stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,16 @@ LAB_ARGS ?=
 lab: $(STAMP)  ## JupyterLab on the notebooks, the stack, its Ray with the dashboard; prints every URL (LAB_ARGS="--jupyter-port 8890")
 	$(PY) -m helpers.stack up --download-lakefs --no-ray
 	$(PY) -m helpers.lab $(LAB_ARGS)
+
+lab-link: $(STAMP)  ## a new one-time sign-in link for the running lab's Ray dashboard (each link works once)
+	@$(PY) -m helpers.lab --sign-in-link
+
+NB ?=
+ARGS ?=
+ADDRESS ?=
+submit: $(STAMP)  ## a notebook as a Ray Job on the lab's Ray or a cluster: make submit NB=04 ARGS="-p epochs 3" [ADDRESS=http://<head>:8265]
+	@test -n "$(NB)" || { echo "error: name a notebook: make submit NB=04 ARGS=\"-p epochs 3\""; exit 2; }
+	$(PY) -m helpers.submit $(NB) $(ARGS) $(if $(ADDRESS),--address $(ADDRESS))
 
 reset: $(STAMP)  ## stop the embedded stack and delete its data (buckets, MLflow runs, lakeFS repositories) and runs/
 	$(PY) -m helpers.stack down

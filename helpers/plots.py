@@ -125,3 +125,19 @@ def scatter_panels(table, columns: Sequence[str], metric: str, title: str, group
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def per_worker(series: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], title: str) -> Figure:
+    """One panel per metric, one line per worker (``helpers.worker_metrics.per_worker``), over seconds (04, 05)."""
+    fig, axes = plt.subplots(1, len(series), figsize=(3.8 * len(series), 2.8), squeeze=False)
+    for ax, (name, by_worker) in zip(axes[0], series.items(), strict=True):
+        for worker, points in by_worker.items():
+            seconds, values = zip(*points, strict=True) if points else ((), ())
+            ax.plot(seconds, values, marker="o", markersize=3, label=worker)
+        ax.set_title(name.removeprefix("process_").replace("_", " "), fontsize=9)
+        ax.set_xlabel("seconds")
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[0][0].legend(fontsize=7, title="worker", title_fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -18,6 +18,7 @@ from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem, smoke_sizes
 from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, lr_schedule,
                               make_optimizer, model_from_params, predict, train_func_per_worker, worker_resources)
+from helpers.worker_metrics import worker_system_metrics
 
 METRIC, MODE = "val_accuracy", "max"  # what the sweep maximises: accuracy on the held-out validation images
 TUNED = ("lr", "dropout", "batch_size_per_worker")  # notebook 04's names for what is searched
@@ -89,6 +90,7 @@ def trial_params(config: dict[str, Any]) -> dict[str, Any]:
 def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     """One trial, tracked as a child run that ends FAILED (or KILLED) when the trial crashes, never FINISHED."""
     client, run_id = start_child_run(config, model_config(config))
+    stop_metrics = worker_system_metrics({**config, "run_id": run_id}, "trial")  # its CPU and memory, as 04's
     error = None
     try:
         train_trial(config, arrays, client, run_id)
@@ -96,6 +98,7 @@ def objective(config: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         error = err
         raise
     finally:
+        stop_metrics()
         tracking.end_run(client, run_id, error)
 
 
@@ -248,6 +251,7 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
         run_config=tune.RunConfig(
             name=name, storage_path=storage_path, storage_filesystem=s3_filesystem(settings or load_settings()),
             stop={METRIC: 0.99}, verbose=0,
+            callbacks=[tracking.end_trial_runs_callback()],  # ends the MLflow run of a trial ASHA stopped
             progress_reporter=tune.CLIReporter(),  # plain text (Jupyter's default is an HTML table)
         ),
     )

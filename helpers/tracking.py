@@ -255,3 +255,39 @@ def run_metrics(uri: str, run_id: str) -> dict[str, float]:
     from mlflow.tracking import MlflowClient
 
     return dict(MlflowClient(uri).get_run(run_id).data.metrics)
+
+
+def end_trial_runs_callback():
+    """A Ray Tune callback that ends, from the driver, the MLflow run of each trial once Tune says it ended.
+
+    A trial the scheduler stops exits at its next report, and its process may be stopped before the
+    trial's own ``finally`` ends its run: without this, such runs would show RUNNING in MLflow forever.
+    A run the trial already ended is left as it is.
+    """
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    class EndTrialRuns(tune.Callback):
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            self._end(trial, "FINISHED")  # finished, or stopped early by the scheduler: both ended cleanly
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            self._end(trial, "FAILED")
+
+        @staticmethod
+        def _end(trial, status: str) -> None:
+            config = trial.config
+            if not (config.get("tracking_uri") and config.get("parent_run_id")):
+                return
+            try:
+                client = MlflowClient(config["tracking_uri"])
+                parent = client.get_run(config["parent_run_id"])
+                for run in client.search_runs(
+                        [parent.info.experiment_id],
+                        filter_string=f"tags.mlflow.parentRunId = '{config['parent_run_id']}' "
+                                      f"and tags.trial = '{trial}' and attributes.status = 'RUNNING'"):
+                    client.set_terminated(run.info.run_id, status=status)
+            except Exception:  # noqa: BLE001, S110 - a tracking outage must not stop the sweep; it is said elsewhere
+                pass
+
+    return EndTrialRuns()

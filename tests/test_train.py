@@ -1,6 +1,7 @@
 """Ray Train + MLflow end to end on the real local services, with notebook 04's exported code."""
 
 import dataclasses
+import re
 import uuid
 
 import numpy as np
@@ -112,6 +113,21 @@ def test_rank_0_logs_one_value_per_epoch_into_the_drivers_run(trained, settings)
     stamps = [m.timestamp for m in sorted(MlflowClient(uri).get_metric_history(run_id, "train_loss"),
                                           key=lambda m: m.step)]
     assert stamps == sorted(set(stamps)), "each epoch logged as it ended, one call per epoch"
+
+
+def test_each_worker_logs_its_own_system_metrics_into_the_drivers_run(trained, settings):
+    from helpers import worker_metrics
+
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    names = [k for k in client.get_run(trained.run_id).data.metrics if k.startswith("system/")]
+    workers = {name.split("/")[1] for name in names}
+    assert len(workers) == 2 and all(re.fullmatch(r"rank[01]-[0-9a-f]{8}", w) for w in workers), workers
+    for worker in workers:  # MLflow's own machine metrics and this worker's process, each under its id
+        assert {f"system/{worker}/cpu_utilization_percentage", f"system/{worker}/system_memory_usage_megabytes",
+                *(f"system/{worker}/{key}" for key in worker_metrics.PROCESS_KEYS)} <= set(names)
+    series = worker_metrics.per_worker(client, trained.run_id)
+    memory = series["process_memory_rss_megabytes"]
+    assert set(memory) == workers and all(points and 50 < points[-1][1] < 20_000 for points in memory.values())
 
 
 def test_checkpoints_at_the_cadence_and_always_after_the_last_epoch():
