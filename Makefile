@@ -80,6 +80,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_smoke.py --lakefs-double
 	$(PY) benchmarks/bench_smoke.py --lakefs-double --ray lab --label "make lab's Ray"
 	$(PY) benchmarks/bench_inference.py
+	$(PY) benchmarks/bench_serve.py
 	$(PY) benchmarks/bench_full_size.py
 	$(PY) benchmarks/bench_scale.py --cleanup
 

@@ -29,6 +29,7 @@ README = ROOT / "README.md"
 RESULTS_PAGE = ROOT / "docs" / "results.md"
 TABLE = ("<!-- notebook-times:start -->", "<!-- notebook-times:end -->")
 ACCURACY = ("<!-- full-size-accuracy:start -->", "<!-- full-size-accuracy:end -->")
+SERVING = ("<!-- serving:start -->", "<!-- serving:end -->")
 
 # notebook -> (link text, what it teaches, in one line)
 NOTEBOOKS = {
@@ -47,6 +48,8 @@ NOTEBOOKS = {
                                              "from a commit id"),
     "07": ("batch inference", "the `@champion` model over the test set with Ray Data and a pool of model actors; "
                               "Parquet written, read back and questioned; the driver beside it"),
+    "08": ("serve the champion", "a Ray Serve deployment of the `@champion` version with `@serve.batch`, answers "
+                                 "with their lineage, a roll to another version under load with zero errors"),
 }
 # notebook -> what its smoke-size and full-size runs do, for its Time row
 SIZES = {
@@ -57,6 +60,7 @@ SIZES = {
     "05": ("600 images, 8 trials of up to 10 epochs", "60,000 images"),
     "06": ("700 objects, 4 experiments", "70,000 objects, 4 experiments over 60,000 images each"),
     "07": ("100 test images", "10,000 test images"),
+    "08": ("100 test images sent", "10,000 test images sent"),
 }
 
 
@@ -74,8 +78,17 @@ def load(name: str) -> dict:
 
 
 def measured() -> dict[str, dict]:
-    """Per notebook: smoke-size seconds (the smoke benchmark's "after" run on the stack's Ray) and full-size seconds."""
-    smoke = {row["notebook"]: row for row in load("smoke").get("runs", {}).get("after", {}).get("notebooks", [])}
+    """Per notebook: smoke-size seconds (the smoke benchmark's "after" run on the stack's Ray) and full-size seconds.
+
+    A notebook the "after" run did not include takes its time from the run labelled ``after-<number>``
+    (``bench_smoke.py --only 08 --label after-08``), measured on its own.
+    """
+    runs = load("smoke").get("runs", {})
+    smoke = {row["notebook"]: row for row in runs.get("after", {}).get("notebooks", [])}
+    for number in NOTEBOOKS:
+        if number not in smoke:
+            smoke.update({row["notebook"]: row for row in runs.get(f"after-{number}", {}).get("notebooks", [])
+                          if row["notebook"] == number})
     full = {row["notebook"]: row for row in load("full_size").get("rows", [])}
     out = {}
     for number in NOTEBOOKS:
@@ -710,6 +723,38 @@ def smoke_section(smoke: dict) -> list[str]:
     return out
 
 
+def serve_section(data: dict) -> list[str]:
+    """Notebook 08's deployment, with and without batching, against a plain HTTP server, from ``serve.json``."""
+    rows = data.get("rows", [])
+    out = [measured_on(data, "bench_serve.py"), "The same model and the same JSON requests (a test image as a "
+           "base64 PNG) behind three servers: Python's `ThreadingHTTPServer` in one process (the baseline, one "
+           "forward pass per request), and notebook 08's `DigitClassifier` on the stack's Ray with one replica, "
+           "without batching (`max_batch_size` 1) and with it (16). Each load runs for "
+           f"{secs(data.get('seconds_per_load'))} s per number of concurrent clients, the clients in a process of "
+           "their own; the ratios are against the baseline at the same number of clients, measured in the same "
+           "run:", "![p99 latency and throughput by concurrent clients, one line per server](serve.png)"]
+    out.append(markdown_table(["server", "clients", "p50 ms", "p95 ms", "p99 ms", "answers/s", "p99 vs plain",
+                               "answers/s vs plain", "failed"], [
+        [r["server"], str(r["clients"]), secs(r["p50_ms"]), secs(r["p95_ms"]), secs(r["p99_ms"]),
+         count(round(r["throughput"])), times(r["p99_vs_plain"]), times(r["throughput_vs_plain"]), str(r["errors"])]
+        for r in rows]))
+    if rows:
+        plain = [r for r in rows if r["server"].startswith("plain")]
+        served = [r for r in rows if not r["server"].startswith("plain")]
+        faster = all(r["throughput_vs_plain"] < 1 for r in served)
+        tail = [r for r in served if r["p99_vs_plain"] < 1]
+        said = ("The plain server answers more requests per second at every load: each request is one hop, "
+                "where Serve's proxy hands it to the replica through Ray, on the same cores."
+                if faster else "Serve answers more requests per second than the plain server at some loads.")
+        if tail:
+            worst = max(plain, key=lambda r: r["clients"])
+            said += (f" Serve's tail is shorter at {', '.join(sorted({str(r['clients']) for r in tail}))} clients: "
+                     f"there the plain server's p99 is {worst['p99_ms']} ms with {worst['errors']} failed requests, "
+                     "its queue of waiting connections full, while Serve queues every request and answers it.")
+        out.append(said + " Batching costs a lone client its wait for company and pays once many clients wait.")
+    return out
+
+
 def inference_section(data: dict) -> list[str]:
     """Notebook 07's pipeline against the same job in the driver, from ``inference.json``."""
     rows = data.get("rows", [])
@@ -858,7 +903,7 @@ def scale_section(scale: dict) -> list[str]:
 def results_page() -> str:
     """``docs/results.md``: every benchmark's tables and what they show, written from ``benchmarks/results/``."""
     names = ("upload_listing", "data_loading", "training", "tune_600", "tune_12000", "smoke", "inference",
-             "full_size", "scale")
+             "serve", "full_size", "scale")
     data = {name: load(name) for name in names}
     machines = [d.get("machine", {}) for d in data.values()] + [
         run.get("machine", {}) for name in ("smoke", "scale") for run in data[name].get("runs", {}).values()]
@@ -882,6 +927,7 @@ def results_page() -> str:
          lambda: sweeps_section({n: data[n] for n in ("tune_600", "tune_12000") if data[n]}, data["smoke"])),
         ("The smoke path", ["smoke"], lambda: smoke_section(data["smoke"])),
         ("Batch inference", ["inference"], lambda: inference_section(data["inference"])),
+        ("Online predictions", ["serve"], lambda: serve_section(data["serve"])),
         ("Full size", ["full_size"], lambda: full_size_section(data["full_size"])),
         ("How the cost grows", ["scale"], lambda: scale_section(data["scale"])),
     ]
@@ -897,10 +943,30 @@ def between(text: str, markers: tuple[str, str], body: str) -> str:
     return text[:start] + "\n" + body + "\n" + text[end:]
 
 
+def serving_lines() -> str:
+    """Notebook 08's endpoint against the plain HTTP server at 1 and 32 clients (``bench_serve.py``)."""
+    rows = load("serve").get("rows", [])
+    if not rows:
+        return "Serving is not measured yet: `make bench` measures it (`benchmarks/bench_serve.py`)."
+    cells = {(r["server"], r["clients"]): r for r in rows}
+    most = max(r["clients"] for r in rows)
+    lines = ["| server | p99 at 1 client | p99 at " f"{most} clients | answers/s at {most} clients | failed |",
+             "|---|---|---|---|---|"]
+    for server in dict.fromkeys(r["server"] for r in rows):
+        one, many = cells.get((server, 1), {}), cells.get((server, most), {})
+        failed = sum(r.get("errors", 0) for r in rows if r["server"] == server)
+        lines.append(f"| {server} | {one.get('p99_ms', '—')} ms | {many.get('p99_ms', '—')} ms | "
+                     f"{many.get('throughput', '—')} | {failed} |")
+    return ("Notebook 08's endpoint against the same model behind a plain one-process HTTP server, measured side "
+            f"by side in one run ({load('serve')['machine']['cpus']} CPUs; `benchmarks/results/serve.json`, "
+            "[chart](docs/serve.png)):\n\n" + "\n".join(lines))
+
+
 def rewritten() -> dict[Path, str]:
     """Every file this script writes, as it should read."""
     times = measured()
     readme = between(between(README.read_text(), TABLE, readme_table(times)), ACCURACY, accuracy_line())
+    readme = between(readme, SERVING, serving_lines())
     out = {README: readme, RESULTS_PAGE: results_page()}
     for number in NOTEBOOKS:
         path = next((ROOT / "notebooks").glob(f"{number}_*.ipynb"))

@@ -86,7 +86,7 @@ def quiet_ray() -> None:
     ctx.enable_operator_progress_bars = False
     ctx.print_on_execution_start = False
     ctx.enable_auto_log_stats = False
-    for name in ("ray", "ray.data", "ray.train", "ray.tune"):
+    for name in ("ray", "ray.data", "ray.train", "ray.tune", "ray.serve"):
         logging.getLogger(name).setLevel(logging.ERROR)
     # Ray hands read-only numpy blocks to torch; harmless here, noisy in every notebook.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")

@@ -34,6 +34,7 @@ EXPORTS = {
     "05_tune_sweeps.ipynb": "sweeps",
     "06_lakefs_parallel_experiments.ipynb": "experiments",
     "07_batch_inference.ipynb": "inference",
+    "08_serve_the_champion.ipynb": "serving",
 }
 MAX_CELL_LINES = 40  # the whole cell, its #@save line included
 _ALLOWED = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)

@@ -377,8 +377,7 @@ def lab_ports(jupyter: int | None, dashboard: int | None, sign_in: int | None) -
     return ports
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.lab [--no-jupyter]``: exits 0 when stopped, 1 when something could not start."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m helpers.lab", description=__doc__.split("\n")[0])
     parser.add_argument("--cpus", type=int, help="CPUs the lab's Ray may use (default: all)")
     parser.add_argument("--dashboard-port", type=int, help="default 8265, or a free one where that is taken")
@@ -388,15 +387,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-jupyter", action="store_true", help="start Ray's dashboard, print the URLs, stop")
     parser.add_argument("--sign-in-link", action="store_true",
                         help="print a new one-time sign-in link for the running lab's dashboard, and exit")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _print_sign_in_link(state: Path) -> int:
+    try:
+        print(sign_in_link(state))
+        return 0
+    except LabError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m helpers.lab [--no-jupyter]``: exits 0 when stopped, 1 when something could not start."""
+    args = _parser().parse_args(argv)
     state = state_dir()
     if args.sign_in_link:
-        try:
-            print(sign_in_link(state))
-            return 0
-        except LabError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
+        return _print_sign_in_link(state)
     for sig in STOP_SIGNALS:
         signal.signal(sig, _stop_on_signal)
     started: dict[str, object] = {}  # what clean_up stops, whenever the lab ends (Ctrl-C in start-up too)

@@ -118,6 +118,15 @@ def seed(name: str, value: object) -> None:
     check_count(name, value, 2**32 - 1, minimum=0)
 
 
+def seconds(most: float) -> Check:
+    """A wait in seconds: a number from 0 up to ``most``."""
+    def check(name: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+                or not 0 <= value <= most:
+            raise ParameterError(f"{name} must be a number of seconds from 0 to {most:g}, not {value!r}.")
+    return check
+
+
 def tolerance(name: str, value: object) -> None:
     """A difference of accuracies: a number from 0 up to 1."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
@@ -146,6 +155,9 @@ PARAMETERS: dict[str, dict[str, Check]] = {
     "07": {**COMMON, "model_uri": model_uri, "registered_model": text, "training_experiment": text,
            "sweep_experiment": text, "num_actors": count(1024), "batch_size": count(100_000), "use_gpu": flag,
            "experiment": text},
+    "08": {**COMMON, "registered_model": text, "training_experiment": text, "num_replicas": count(64),
+           "max_batch_size": count(1024), "batch_wait_timeout_s": seconds(10.0), "use_gpu": flag,
+           "roll_clients": count(256)},
 }
 
 # What ``live=True`` sets: sizes at which the instructor notes' "watch it live" moments last long enough to

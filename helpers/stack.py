@@ -763,6 +763,27 @@ def _move_ports_of_stopped_services(state: Path) -> None:
     _save_ports(state, ports, given)
 
 
+def _free_the_ports(state: Path, ports: dict[str, int], given: set[str], wanted: list[str]) -> list[str]:
+    """Stop what killed services left behind (returned by name) and move ports other programs hold."""
+    orphaned = [name for name in wanted if stop_orphans(state, name)]  # what a killed service left holds its ports
+    _wait_released(ports, [port for name in orphaned for port in SERVICE_PORTS[name]])  # theirs: not moved
+    moved = move_taken_ports(ports, [port for name in wanted for port in SERVICE_PORTS[name]], given)
+    if moved:  # another learner's stack holds them: the next free ones, kept in this stack's state
+        _save_ports(state, ports, given)
+        print("Ports another program holds, moved: " + ", ".join(f"{k} {v}" for k, v in moved.items()))
+    return orphaned
+
+
+def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[str, str]:
+    """The tracking server's environment: its artifact store's keys and its login's configuration."""
+    return {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": settings.s3_access_key,
+            "AWS_SECRET_ACCESS_KEY": settings.s3_secret_key, "AWS_DEFAULT_REGION": settings.s3_region,
+            # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_AUTH_CONFIG_PATH": str(_mlflow_auth_config(state, auth)),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": auth["secret_key"]}
+
+
 def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
         with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
         ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
@@ -773,12 +794,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     lakefs = lakefs_binary.find() if with_lakefs else None
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
                                     ("ray", with_ray)) if on and _running(state, name) is None]
-    orphaned = [name for name in wanted if stop_orphans(state, name)]  # what a killed service left holds its ports
-    _wait_released(ports, [port for name in orphaned for port in SERVICE_PORTS[name]])  # theirs: not moved
-    moved = move_taken_ports(ports, [port for name in wanted for port in SERVICE_PORTS[name]], given)
-    if moved:  # another learner's stack holds them: the next free ones, kept in this stack's state
-        _save_ports(state, ports, given)
-        print("Ports another program holds, moved: " + ", ".join(f"{k} {v}" for k, v in moved.items()))
+    orphaned = _free_the_ports(state, ports, given, wanted)
     access, secret = _load_or_create_keys(state)
     lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
     mlflow_auth = _load_or_create_mlflow_auth(state)
@@ -805,13 +821,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     if "seaweedfs" in started:
         _check_seaweedfs_tls(state, ports)
     if with_mlflow:
-        env = {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": access,
-               "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": settings.s3_region,
-               # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
-               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-               "MLFLOW_AUTH_CONFIG_PATH": str(_mlflow_auth_config(state, mlflow_auth)),
-               "MLFLOW_FLASK_SERVER_SECRET_KEY": mlflow_auth["secret_key"]}
-        ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), env,
+        ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), _mlflow_env(state, settings, mlflow_auth),
                prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
     if lakefs is not None and lakefs_keys is not None:
         ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",

@@ -36,7 +36,7 @@ REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 SHOTS = project_root() / "runs" / "browser"
 NOTEBOOKS = ["01_upload_mnist", "02_list_and_split", "03_ray_data_preprocessing", "04_distributed_training",
-             "05_tune_sweeps", "06_lakefs_parallel_experiments", "07_batch_inference"]
+             "05_tune_sweeps", "06_lakefs_parallel_experiments", "07_batch_inference", "08_serve_the_champion"]
 # stderr a notebook may print in JupyterLab, each with the reason it is expected. Anything else fails.
 EXPECTED_STDERR: list[tuple[str, str]] = []
 # Chromium's flags on a headless machine: no sandbox as root, and no background calls to Google's hosts,
@@ -250,7 +250,7 @@ def summary(path: Path) -> dict:
 # Where each notebook's screenshot looks: the section whose output shows the lesson best.
 SHOT_AT = {"01": "Upload, in parallel", "02": "Faster listings", "03": "Who did the work",
            "04": "The curves, read back from MLflow", "05": "Every trial", "06": "Compare: read back from lakeFS",
-           "07": "The hardest digits"}
+           "07": "The hardest digits", "08": "Roll to another version, under load"}
 
 
 def shoot(page, name: str, heading: str | None = None) -> Path:

@@ -25,12 +25,13 @@ def closed_checkout():
 
 
 def fake_tools(folder: Path, watched: list[Path]) -> Path:
-    """``make`` that writes the watched folders' modes to ``during`` and exits with $MAKE_EXIT; a ``chromium``."""
+    """``make`` writing the watched folders' modes to ``during``, exiting with $MAKE_EXIT; ``chromium``, ``curl``."""
     folder.mkdir()
     modes = " ".join(f'$(stat -c %a "{path}")' for path in watched)
     (folder / "make").write_text(f'#!/bin/sh\necho "{modes}" > "{folder}/during"\nexit "$MAKE_EXIT"\n')
-    (folder / "chromium").write_text("#!/bin/sh\nexit 0\n")
-    for tool in ("make", "chromium"):
+    for tool in ("chromium", "curl"):
+        (folder / tool).write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("make", "chromium", "curl"):
         (folder / tool).chmod(0o755)
     return folder
 

@@ -38,6 +38,10 @@ LESSONS = {
            "map_batches(concurrency=", "map_batches(num_gpus=", "map_batches(fn_constructor_kwargs=",
            "write_parquet(filesystem=", "read_parquet(filesystem=", "schema(", "filter(", "sort(", "to_pandas(",
            "union(", "create_run(tags="],
+    "08": ["get_model_version_by_alias(", "get_model_version(", "class DigitClassifier",
+           "deployment(ray_actor_options=", "batch(max_batch_size=", "set_max_batch_size(", "def reconfigure",
+           "start(http_options=", "run(name=", "run(route_prefix=", "options(user_config=", "post(headers=",
+           "set_registered_model_alias(", "status(", "shutdown("],
 }
 
 
@@ -142,8 +146,10 @@ def test_helpers_stay_thin_plumbing():
     # per pointers, notebook 07's first training); the exercises' solutions and `make solutions`, the one line an
     # interrupted Ray cell ends in, the code version a run records, the day's models 06-07 compare; a shared
     # server's locks (the store's TLS and signing keys, MLflow's login, each user's own ports, one-time sign-in
-    # links, conditional manifest writes, packed versions kept for their readers, complete-folder markers)
-    assert lines <= 5600, f"hand-written helpers hold {lines} lines"
+    # links, conditional manifest writes, packed versions kept for their readers, complete-folder markers); a
+    # notebook as a Ray Job (make submit and the job's entrypoint), each worker's system metrics; and serving's
+    # endpoint key, request checks, first champion and load generator (08)
+    assert lines <= 6400, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -73,6 +73,14 @@ TABLE: dict[str, dict[str, list[tuple[object, str]]]] = {
            "sweep_experiment": names("sweep_experiment"), "num_actors": counts("num_actors"),
            "batch_size": counts("batch_size"), "use_gpu": flags("use_gpu"),
            "experiment": names("experiment")},
+    "08": {"bucket": BUCKET, "smoke_test_size": SMOKE, "registered_model": names("registered_model"),
+           "training_experiment": names("training_experiment"), "num_replicas": counts("num_replicas"),
+           "max_batch_size": counts("max_batch_size"), "use_gpu": flags("use_gpu"),
+           "roll_clients": counts("roll_clients"),
+           "batch_wait_timeout_s": [(-0.01, "batch_wait_timeout_s must be a number of seconds from 0 to 10"),
+                                    (11, "batch_wait_timeout_s must be a number of seconds from 0 to 10"),
+                                    ("0.01", "batch_wait_timeout_s must be a number"),
+                                    (float("nan"), "batch_wait_timeout_s must be a number")]},
 }
 
 

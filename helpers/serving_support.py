@@ -1,0 +1,315 @@
+"""Plumbing for notebook 08 (lesson module helpers.serving): serving the champion with Ray Serve.
+
+The endpoint's key, checking a request's body, lineage as headers, the HTTP port, a first champion when
+nothing is registered, and a load generator.
+
+The notebook shows the deployment, ``serve.run`` and the requests; this module holds what every answer
+needs and no learner has to read.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import io
+import json
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+KEY_ENV = "SERVE_API_KEY"  # a cluster's key for the endpoint; else one generated into the stack's state
+KEY_FILE = "serve-key"  # in the stack's state folder, 0600
+CURL_HEADER_FILE = "serve-auth-header"  # `curl -H @<file>`: the key never goes on a command line
+# Where each lineage fact goes in an answer's headers (the body carries the same keys).
+LINEAGE_HEADERS = {"model_version": "X-Model-Version", "mlflow_run_id": "X-MLflow-Run-Id",
+                   "data_commit": "X-Data-Commit", "git_commit": "X-Git-Commit"}
+IMAGE_SIDE = 28
+
+
+class BadRequest(ValueError):
+    """A request the endpoint cannot answer: the message is the one line the client gets with a 400."""
+
+
+def _state() -> Path:
+    from helpers.config import state_dir
+
+    return state_dir()
+
+
+def api_key() -> str:
+    """The endpoint's key: ``SERVE_API_KEY``, else this stack's own (generated once, kept 0600 in its state)."""
+    from helpers.files import write_private
+
+    if os.environ.get(KEY_ENV):
+        return os.environ[KEY_ENV]
+    path = _state() / KEY_FILE
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(32))
+        write_private(path.with_name(CURL_HEADER_FILE), f"Authorization: Bearer {path.read_text().strip()}\n")
+    return path.read_text().strip()
+
+
+def curl_header_file() -> Path:
+    """A 0600 file holding the ``Authorization`` header, for ``curl -H @<file>`` (no key on a command line)."""
+    from helpers.files import write_private
+
+    path = _state() / CURL_HEADER_FILE
+    wanted = f"Authorization: Bearer {api_key()}\n"
+    if not path.exists() or path.read_text() != wanted:
+        write_private(path, wanted)
+    return path
+
+
+def key_digest(key: str) -> str:
+    """What a replica compares a request's key with: its SHA-256 (the key itself never goes in a config)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def authorized(authorization: str, digest: str) -> bool:
+    """True when a request's ``Authorization`` header, ``Bearer <key>``, matches ``digest`` (in constant time)."""
+    scheme, _, presented = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(key_digest(presented.strip()), digest)
+
+
+def auth_headers() -> dict[str, str]:
+    """The header a client sends with every request."""
+    return {"Authorization": f"Bearer {api_key()}"}
+
+
+def parse_image(body: bytes) -> np.ndarray:
+    """A request's body -> ``uint8 [28, 28]``: JSON with ``"image"`` (a PNG, base64) or ``"pixels"`` (784 numbers).
+
+    Raises:
+        BadRequest: empty, not JSON, neither field, not an image, or not 28x28; one line that says what to send.
+    """
+    send = 'Send JSON {"image": "<a 28x28 PNG, base64>"} or {"pixels": [784 numbers from 0 to 255]}.'
+    if not body.strip():
+        raise BadRequest(f"The request has no body. {send}")
+    try:
+        message = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise BadRequest(f"The body is not JSON. {send}") from None
+    if isinstance(message, dict) and "image" in message:
+        return _decode_png(message["image"], send)
+    if isinstance(message, dict) and "pixels" in message:
+        return _pixels(message["pixels"], send)
+    raise BadRequest(f"The JSON has neither \"image\" nor \"pixels\". {send}")
+
+
+def _decode_png(text: object, send: str) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        raw = base64.b64decode(str(text), validate=True)
+        image = np.asarray(Image.open(io.BytesIO(raw)).convert("L"))
+    except (binascii.Error, ValueError, UnidentifiedImageError, OSError):
+        raise BadRequest(f"\"image\" is not a base64 PNG or JPEG. {send}") from None
+    if image.shape != (IMAGE_SIDE, IMAGE_SIDE):
+        raise BadRequest(f"The image is {image.shape[1]}x{image.shape[0]} pixels, not 28x28. {send}")
+    return image
+
+
+def _pixels(values: object, send: str) -> np.ndarray:
+    try:
+        pixels = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise BadRequest(f"\"pixels\" must be numbers. {send}") from None
+    if pixels.size != IMAGE_SIDE * IMAGE_SIDE or pixels.ndim not in (1, 2):
+        raise BadRequest(f"\"pixels\" holds {pixels.size} values, not 784 (28x28). {send}")
+    if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 255:
+        raise BadRequest(f"\"pixels\" must be from 0 to 255. {send}")
+    return pixels.reshape(IMAGE_SIDE, IMAGE_SIDE).astype(np.uint8)
+
+
+def to_base64(body: bytes) -> str:
+    """An encoded image (a PNG object's bytes) as the base64 text a request's ``"image"`` carries."""
+    return base64.b64encode(body).decode()
+
+
+def blank_png(side: int) -> str:
+    """A black ``side`` x ``side`` PNG, base64: an image of the wrong size when ``side`` is not 28."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.zeros((side, side), dtype=np.uint8)).save(out, format="PNG")
+    return to_base64(out.getvalue())
+
+
+def write_request(body: dict[str, Any]) -> Path:
+    """The JSON ``body`` in a file of this user's private temporary folder, for ``curl --data @<file>``."""
+    from helpers.files import private_temp_folder, write_private
+
+    path = private_temp_folder("mnist-serve") / "request.json"
+    write_private(path, json.dumps(body))
+    return path
+
+
+def require_resources(use_gpu: bool, num_replicas: int) -> None:
+    """With ``use_gpu``, one GPU per replica must exist in Ray: else one line now, not replicas waiting for ever."""
+    if use_gpu:
+        from helpers.worker_support import require_gpus
+
+        require_gpus(num_replicas)
+
+
+def lineage_headers(lineage: dict[str, str]) -> dict[str, str]:
+    """The lineage of an answer as its ``X-...`` headers."""
+    return {header: str(lineage[name]) for name, header in LINEAGE_HEADERS.items() if name in lineage}
+
+
+def http_port() -> int:
+    """The port Serve's HTTP proxy uses on this Ray: where Serve already runs, its port; else a free one.
+
+    A second ``serve.start`` with another port would be ignored (Serve keeps its first), so a rerun asks first.
+    """
+    from ray.serve.context import _get_global_client  # no public call says the running proxy's port
+
+    from helpers.stack import free_ports
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is not None and client.http_config.port:
+        return int(client.http_config.port)
+    return free_ports(["serve"])["serve"]
+
+
+def first_champion(mlflow_client, name: str, bucket: str, smoke_test_size: int, training_experiment: str):
+    """Register a model as ``name`` and name it ``@champion`` where the registry has none (08 run first and alone).
+
+    The model is notebook 04's latest (04 runs headless first where there is none: ``inference_support``).
+    Notebook 06 is where a champion is normally chosen; this only lets 08 run on its own.
+    """
+    from helpers import candidates, inference_support
+
+    choice = candidates.latest_training_model(mlflow_client, training_experiment)
+    if choice is None:
+        inference_support.train_first(bucket, smoke_test_size, training_experiment)
+        choice = candidates.latest_training_model(mlflow_client, training_experiment)
+    return register_as(mlflow_client, name, choice, "champion")
+
+
+def register_as(mlflow_client, name: str, choice, alias: str | None = None):
+    """A new version of ``name`` from ``choice`` (a logged model), optionally named ``alias``; returns it."""
+    from mlflow.exceptions import MlflowException
+
+    model = mlflow_client.get_logged_model(choice.uri.rsplit("/", 1)[-1])
+    try:
+        mlflow_client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = mlflow_client.create_model_version(name, source=choice.uri, run_id=model.source_run_id,
+                                                 model_id=model.model_id, await_creation_for=0)
+    if alias:
+        mlflow_client.set_registered_model_alias(name, alias, version.version)
+    print(f"Registered {choice.source} as {name} version {version.version}"
+          + (f" (@{alias}: notebook 06 had not named one)" if alias else ""))
+    return version
+
+
+def another_version(mlflow_client, name: str, champion_version: str, training_experiment: str):
+    """A version of ``name`` other than the champion to roll to: the newest one, else 04's latest model registered."""
+    from helpers import candidates
+
+    others = [v for v in mlflow_client.search_model_versions(f"name = '{name}'")
+              if v.version != champion_version]
+    if others:
+        return max(others, key=lambda v: int(v.version))
+    return register_as(mlflow_client, name, candidates.latest_training_model(mlflow_client, training_experiment))
+
+
+@dataclass
+class LoadResult:
+    """What a load of concurrent requests saw: each answer's latency, the versions that answered, the errors."""
+
+    latencies: list[float] = field(default_factory=list)
+    versions: list[tuple[float, str]] = field(default_factory=list)  # (seconds since start, X-Model-Version)
+    errors: list[str] = field(default_factory=list)
+    answers: list[tuple[bytes, dict[str, Any]]] = field(default_factory=list)  # (body sent, JSON answer)
+    seconds: float = 0.0
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile of the latencies, in milliseconds."""
+        return float(np.percentile(self.latencies, q) * 1000) if self.latencies else float("nan")
+
+    @property
+    def throughput(self) -> float:
+        """Answers per second."""
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+
+def send_load(url: str, bodies: Sequence[bytes], clients: int, seconds: float | None = None,
+              requests_per_client: int | None = None, during: Callable[[], Any] | None = None,
+              headers: dict[str, str] | None = None) -> LoadResult:
+    """``clients`` threads POST ``bodies`` in turn to ``url`` until ``seconds`` pass (or each sent its count).
+
+    ``during``, if given, runs in this thread while the load goes on (a roll to a new model), and the load
+    stops when it returns and ``seconds`` passed. Every non-200 answer or connection failure is an error.
+    """
+    import requests
+
+    headers = {**(headers or auth_headers()), "Content-Type": "application/json"}
+    result, lock, start = LoadResult(), threading.Lock(), time.perf_counter()
+    done = threading.Event()
+
+    def client(offset: int) -> None:
+        session, sent = requests.Session(), 0
+        while not done.is_set() and (requests_per_client is None or sent < requests_per_client):
+            body, began = bodies[(offset + sent * clients) % len(bodies)], time.perf_counter()
+            sent += 1
+            try:
+                answer = session.post(url, data=body, headers=headers, timeout=30)
+                failed = None if answer.status_code == 200 else f"{answer.status_code}: {answer.text[:200]}"
+            except requests.RequestException as err:
+                answer, failed = None, f"{type(err).__name__}: {err}"
+            with lock:
+                if failed:
+                    result.errors.append(failed)
+                else:
+                    result.latencies.append(time.perf_counter() - began)
+                    result.versions.append((began - start, answer.headers.get("X-Model-Version", "")))
+                    result.answers.append((body, answer.json()))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        if during is not None:
+            during()
+        if seconds is not None:
+            time.sleep(max(0.0, seconds - (time.perf_counter() - start)))
+            done.set()
+        for thread in threads:
+            thread.join()
+    finally:
+        done.set()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def version_switches(versions: list[tuple[float, str]]) -> list[tuple[float, str, str]]:
+    """``(seconds, from, to)`` each time the answering version changed, in the order the requests were sent."""
+    ordered = sorted(versions)
+    return [(t, before, after) for (_, before), (t, after) in zip(ordered, ordered[1:], strict=False)
+            if before != after]
+
+
+def count_by_version(result: LoadResult) -> dict[str, int]:
+    """How many answers each model version gave."""
+    counts: dict[str, int] = {}
+    for _, version in result.versions:
+        counts[version] = counts.get(version, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def answers_by_body(result: LoadResult) -> dict[bytes, dict[str, Any]]:
+    """Each body sent and the answer it got (the last one, where a body was sent twice)."""
+    return dict(result.answers)

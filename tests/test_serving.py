@@ -1,0 +1,180 @@
+"""Notebook 08 and its deployment: 08 runs first and alone; its answers equal 07's Parquet predictions and carry
+the registry's lineage; a roll to another version under load sees no error; bad input is a 400 and one line."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import requests
+
+from helpers import cluster, listing, runner, serving_support, storage, upload
+
+SMOKE = 300  # 250 training images, 50 test images
+
+
+@pytest.fixture(scope="module")
+def served(client, settings, tmp_path_factory):
+    """Notebook 08 run first and alone (with every solution), then the deployment it teaches, serving its champion."""
+    from mlflow.tracking import MlflowClient
+    from ray import serve
+
+    from helpers.serving import DigitClassifier, model_lineage, resolve_champion
+    from tests.test_notebooks import summary
+
+    suffix = uuid.uuid4().hex[:8]
+    bucket, name = f"t-serve-{suffix}", f"t-serve-{suffix}"
+    notebook = runner.notebook_paths(pattern="08*.ipynb")[0]
+    output = tmp_path_factory.mktemp("served") / notebook.name
+    result = runner.execute(notebook, output, {"bucket": bucket, "smoke_test_size": SMOKE, "registered_model": name,
+                                               "training_experiment": f"t-serve-train-{suffix}"}, solutions=True)
+    assert result.status == "ok", result.message
+    mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
+    version, model_uri = resolve_champion(mlflow_client, name)
+    cluster.init_ray(settings)
+    port = serving_support.http_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    config = {"model_uri": model_uri, "lineage": model_lineage(mlflow_client, name, version), "max_batch_size": 8,
+              "batch_wait_timeout_s": 0.01, "key_digest": serving_support.key_digest(serving_support.api_key())}
+    serve.run(DigitClassifier.options(user_config=config).bind(), name="t-serve", route_prefix="/t-serve")
+    try:
+        yield SimpleNamespace(bucket=bucket, name=name, version=version, facts=summary(output), config=config,
+                              url=f"http://127.0.0.1:{port}/t-serve", mlflow=mlflow_client, output=output,
+                              deployment=DigitClassifier)
+    finally:
+        serve.shutdown()
+        cluster.shutdown_ray()
+        storage.delete_bucket(client, bucket)
+
+
+def png_bodies(bucket: str, keys: list[str]) -> list[bytes]:
+    """Each key's object as the JSON body notebook 08 sends."""
+    client = storage.get_client()
+    return [json.dumps({"image": serving_support.to_base64(storage.read_object(client, bucket, key))}).encode()
+            for key in keys]
+
+
+def test_08_runs_first_and_alone_registers_a_champion_and_rolls_there_and_back_without_an_error(served):
+    facts = served.facts
+    assert facts["model version"] == "1" and facts["model"] == f"models:/{served.name}/1"  # 04's model, registered
+    assert facts["images answered"] == SMOKE // 6 and 0.5 < facts["served accuracy"] <= 1.0
+    assert facts["errors during the roll"] == 0 and facts["errors during the rollback"] == 0
+    assert facts["versions during the roll"] == ["1", "2"] and facts["other version"] == "2"
+    assert facts["champion at the end"] == "1", "the registry is left as the notebook found it"
+    cells = json.loads(served.output.read_text())["cells"]
+    said = "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
+    assert "at " in said and "the answers switch from version 1 to version 2" in said
+    assert serving_support.api_key() not in json.dumps(cells), "the endpoint's key is in no output"
+
+
+def test_the_http_answers_equal_07_s_parquet_predictions_for_the_same_keys(served, settings):
+    import pyarrow.parquet as pq
+
+    from helpers.inference import predict_pointers
+
+    _, _, keys, labels, _ = listing.get_train_test_data(served.bucket, SMOKE, "manifest")
+    path = f"{served.bucket}/predictions/t-serve-{uuid.uuid4().hex[:6]}"
+    filesystem = storage.s3_filesystem(settings)
+    predict_pointers(keys, labels, served.bucket, served.config["model_uri"], num_actors=1,
+                     batch_size=len(keys)).write_parquet(path, filesystem=filesystem)
+    parquet = pq.read_table(path, filesystem=filesystem).to_pandas().set_index("key")
+    bodies = png_bodies(served.bucket, keys)
+    load = serving_support.send_load(served.url, bodies, clients=4, requests_per_client=-(-len(keys) // 4))
+    answers = serving_support.answers_by_body(load)
+    assert load.errors == [] and len(answers) == len(keys)
+    http = {key: answers[body] for key, body in zip(keys, bodies, strict=True)}
+    assert {key: a["digit"] for key, a in http.items()} == parquet["predicted"].astype(int).to_dict()
+    assert np.allclose([http[key]["confidence"] for key in keys], parquet.loc[keys, "confidence"], atol=1e-4)
+
+
+def test_every_answer_s_lineage_headers_equal_the_registry_s(served):
+    version = served.mlflow.get_model_version(served.name, served.version)
+    run = served.mlflow.get_run(version.run_id)
+    _, _, keys, _, _ = listing.get_train_test_data(served.bucket, SMOKE, "manifest")
+    answer = requests.post(served.url, data=png_bodies(served.bucket, keys[:1])[0],
+                           headers=serving_support.auth_headers(), timeout=30)
+    assert answer.status_code == 200
+    expected = {"X-Model-Version": served.version, "X-MLflow-Run-Id": version.run_id,
+                "X-Data-Commit": run.data.tags.get("lakefs.data_commit", "none"),
+                "X-Git-Commit": run.data.tags["mlflow.source.git.commit"]}
+    assert {header: answer.headers[header] for header in expected} == expected
+    body = answer.json()
+    assert (body["model_version"], body["mlflow_run_id"], body["git_commit"]) == \
+        (served.version, version.run_id, expected["X-Git-Commit"])
+
+
+def test_a_roll_to_another_version_under_sixteen_clients_sees_no_error(served):
+    from ray import serve
+
+    from helpers.serving import model_lineage
+
+    other = serving_support.another_version(served.mlflow, served.name, served.version, "unused")
+    bodies = png_bodies(served.bucket, listing.get_train_test_data(served.bucket, SMOKE, "manifest")[2][:20])
+
+    def roll(version: str) -> None:
+        config = {**served.config, "model_uri": f"models:/{served.name}/{version}",
+                  "lineage": model_lineage(served.mlflow, served.name, version)}
+        serve.run(served.deployment.options(user_config=config).bind(), name="t-serve", route_prefix="/t-serve")
+
+    there = serving_support.send_load(served.url, bodies, clients=16, seconds=5, during=lambda: roll(other.version))
+    back = serving_support.send_load(served.url, bodies, clients=16, seconds=5, during=lambda: roll(served.version))
+    assert there.errors == [] and back.errors == []
+    assert set(serving_support.count_by_version(there)) == {served.version, other.version}
+    last = max(t for t, _ in there.versions)
+    assert [v for t, v in there.versions if t > last - 1.0] and \
+        {v for t, v in there.versions if t > last - 1.0} == {other.version}, "after the roll only the new version"
+
+
+BAD_BODIES = {
+    "an empty body": (b"", "The request has no body."),
+    "not JSON": (b"\x89PNG\r\n", "The body is not JSON."),
+    "neither field": (b'{"digit": 3}', 'The JSON has neither "image" nor "pixels".'),
+    "not an image": (b'{"image": "aGVsbG8="}', '"image" is not a base64 PNG or JPEG.'),
+    "not base64": (b'{"image": "%%%"}', '"image" is not a base64 PNG or JPEG.'),
+    "the wrong size": (json.dumps({"image": serving_support.blank_png(32)}).encode(),
+                       "The image is 32x32 pixels, not 28x28."),
+    "783 pixels": (json.dumps({"pixels": [0] * 783}).encode(), '"pixels" holds 783 values, not 784 (28x28).'),
+    "a pixel of 300": (json.dumps({"pixels": [300] + [0] * 783}).encode(), '"pixels" must be from 0 to 255.'),
+    "words for pixels": (b'{"pixels": ["a", "b"]}', '"pixels" must be numbers.'),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_BODIES))
+def test_bad_input_is_a_400_with_one_line_that_says_what_to_send(served, what):
+    body, reason = BAD_BODIES[what]
+    answer = requests.post(served.url, data=body, headers=serving_support.auth_headers(), timeout=30)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error.startswith(reason) and "\n" not in error and "Send JSON" in error
+
+
+def test_784_pixels_are_answered_as_the_png_is(served):
+    image = upload.load_mnist().split("test")[0][0]
+    by_pixels = requests.post(served.url, json={"pixels": image.ravel().tolist()},
+                              headers=serving_support.auth_headers(), timeout=30)
+    by_png = requests.post(served.url, json={"image": serving_support.to_base64(upload.encode_image(image, "png"))},
+                           headers=serving_support.auth_headers(), timeout=30)
+    assert by_pixels.status_code == by_png.status_code == 200 and by_pixels.json() == by_png.json()
+
+
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong-key", "Basic dXNlcjpwYXNz", "Bearer"])
+def test_a_request_without_the_endpoint_s_key_is_refused(served, authorization):
+    headers = {"Authorization": authorization} if authorization else {}
+    answer = requests.post(served.url, json={"pixels": [0] * 784}, headers=headers, timeout=30)
+    assert answer.status_code == 401 and "digit" not in answer.text
+
+
+def test_the_endpoint_s_key_is_private_to_its_user_and_curl_reads_it_from_a_file():
+    import stat
+
+    from helpers.config import state_dir
+
+    key = serving_support.api_key()
+    for path in (state_dir() / serving_support.KEY_FILE, serving_support.curl_header_file()):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert serving_support.curl_header_file().read_text() == f"Authorization: Bearer {key}\n"
+    assert serving_support.authorized(f"Bearer {key}", serving_support.key_digest(key))
+    assert not serving_support.authorized(f"Bearer {key}x", serving_support.key_digest(key))
