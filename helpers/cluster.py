@@ -90,6 +90,29 @@ def quiet_ray() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     # Ray hands read-only numpy blocks to torch; harmless here, noisy in every notebook.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    _skip_ray_log_lines(SERVE_SHUTDOWN_NOISE)
+
+
+# serve.shutdown() asks Serve's controller to stop, and the controller ends by killing itself; Ray then
+# reports the call it is still answering as failed and retried, a raylet line in the notebook (08) about
+# nothing that went wrong.
+SERVE_SHUTDOWN_NOISE = r"Task ServeController\.graceful_shutdown failed"
+
+
+def _skip_ray_log_lines(pattern: str) -> None:
+    """Leave lines matching ``pattern`` out of the worker and raylet logs Ray prints in this driver.
+
+    Ray's own ``RAY_DEDUP_LOGS_SKIP_REGEX`` does this but is read once, when Ray is imported; a pattern
+    already set there is kept.
+    """
+    import re
+
+    from ray._private import ray_logging
+
+    for deduplicator in (ray_logging.stdout_deduplicator, ray_logging.stderr_deduplicator):
+        known = deduplicator.skip_re.pattern if deduplicator.skip_re is not None else None
+        if known is None or pattern not in known:
+            deduplicator.skip_re = re.compile(pattern if known is None else f"(?:{known})|(?:{pattern})")
 
 
 def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ import numpy as np
 KEY_ENV = "SERVE_API_KEY"  # a cluster's key for the endpoint; else one generated into the stack's state
 KEY_FILE = "serve-key"  # in the stack's state folder, 0600
 CURL_HEADER_FILE = "serve-auth-header"  # `curl -H @<file>`: the key never goes on a command line
+REQUEST_FILE = "request.json"  # the body notebook 08's curl sends, beside the header file
 # Where each lineage fact goes in an answer's headers (the body carries the same keys).
 LINEAGE_HEADERS = {"model_version": "X-Model-Version", "mlflow_run_id": "X-MLflow-Run-Id",
                    "data_commit": "X-Data-Commit", "git_commit": "X-Git-Commit"}
@@ -144,13 +145,17 @@ def blank_png(side: int) -> str:
     return to_base64(out.getvalue())
 
 
-def write_request(body: dict[str, Any]) -> Path:
-    """The JSON ``body`` in a file of this user's private temporary folder, for ``curl --data @<file>``."""
-    from helpers.files import private_temp_folder, write_private
+def curl_folder(body: dict[str, Any]) -> Path:
+    """The stack's private state folder, holding the key's header file and ``body`` as ``request.json``.
 
-    path = private_temp_folder("mnist-serve") / "request.json"
-    write_private(path, json.dumps(body))
-    return path
+    ``curl -H @serve-auth-header --data @request.json`` run there sends the request without the key ever
+    appearing on a command line.
+    """
+    from helpers.files import write_private
+
+    curl_header_file()
+    write_private(_state() / REQUEST_FILE, json.dumps(body))
+    return _state()
 
 
 def require_resources(use_gpu: bool, num_replicas: int) -> None:

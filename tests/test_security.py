@@ -57,6 +57,18 @@ def test_mlflow_asks_for_its_login(settings):
     assert status_of(f"{url}/health")[0] == 200  # what the stack's health check asks, and nothing else
 
 
+def test_mlflow_checks_the_generated_password_with_one_hash_round_not_scrypt(settings, state):
+    """Every MLflow request checks the password: with werkzeug's default scrypt each check cost the server
+    100-350 ms of CPU (notebook 05 ran 3x slower); the password is random, so one PBKDF2 round loses nothing."""
+    import sqlite3
+
+    with sqlite3.connect(state / "mlflow" / "basic_auth.db") as db:
+        (stored,) = db.execute("SELECT password_hash FROM users WHERE username = ?",
+                               (settings.mlflow_username,)).fetchone()
+    assert stored.startswith("pbkdf2:sha256:1$"), stored.split("$")[0]
+    assert len(settings.mlflow_password) >= 32  # 24 random bytes, URL-safe
+
+
 def test_the_store_s_other_ports_refuse_to_list_or_change_a_bucket(settings, client, bucket, ports):
     storage.ensure_bucket(client, bucket)
     client.put_object(bucket, "train/1/secret.png", io.BytesIO(b"private"), 7)
