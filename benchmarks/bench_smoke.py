@@ -249,14 +249,15 @@ def pipelines_run(executions: list[dict], actors: list[dict], began: float, ende
 
     ``executions`` are Ray Data's own records (its stats actor keeps one per execution of a dataset:
     ``materialize``, ``write_parquet``, ``to_pandas``, a Ray Train worker's shard ...); a pipeline that
-    started a pool of actors shows ``_MapWorker`` actors starting in its time.
+    started a pool of actors shows map actors starting in its time (Ray names their class ``_MapWorker``, or
+    ``MapWorker(MapBatches(<the class>))`` since Ray 2.5x).
     """
     counts = {"actors": 0, "tasks": 0}
     for run in executions:
         start, end = run.get("start_time") or 0.0, run.get("end_time") or ended
         if not began <= start <= ended:
             continue
-        pooled = any(actor["ActorClassName"] == "_MapWorker" and start - 0.5 <= actor["StartTime"] / 1000 <= end
+        pooled = any("MapWorker" in actor["ActorClassName"] and start - 0.5 <= actor["StartTime"] / 1000 <= end
                      for actor in actors)
         counts["actors" if pooled else "tasks"] += 1
     return counts
