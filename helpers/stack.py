@@ -745,7 +745,11 @@ def up(
         for attempt in range(3):
             try:
                 return _up(state, ports, with_mlflow, timeout, with_lakefs, with_ray, ray_cpus, ray_dashboard_port)
-            except StackError:
+            except StackError as err:
+                if attempt < 2 and RAY_START_TIMED_OUT in str(err):
+                    # Ray gives its raylet a fixed 30 s to register; a laptop busy with other work can need more.
+                    print("Ray's start timed out (the machine is busy): starting it again.", flush=True)
+                    continue
                 lost = _ports_taken_meanwhile(state)
                 if attempt == 2 or not lost:
                     raise
@@ -756,6 +760,9 @@ def up(
                 _move_ports_of_stopped_services(state)
                 ports = None  # the user's own choices are remembered
     raise AssertionError("unreachable")
+
+
+RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's words, in its log's last lines
 
 
 def _ports_taken_meanwhile(state: Path) -> list[str]:

@@ -338,8 +338,10 @@ def test_interrupting_04_s_fit_is_one_line_and_the_notebook_then_runs_again_clea
         page.click("[data-command='notebook:restart-run-all']")
         page.click(".jp-Dialog .jp-mod-accept")
         fit = page.locator(".jp-Notebook .jp-CodeCell", has_text="result = trainer.fit()")
-        fit.locator(".jp-InputPrompt", has_text="[*]").wait_for(timeout=240_000)  # the fit cell is running
-        page.wait_for_timeout(15_000)  # Ray Train started its workers, the epochs go by
+        # Every queued cell shows [*]: the fit runs once the cell before it has its number.
+        before = page.locator(".jp-Notebook .jp-CodeCell", has_text="params = check_params(")
+        before.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]")).wait_for(timeout=240_000)
+        page.wait_for_timeout(20_000)  # Ray Train started its workers, the epochs go by
         page.click("[data-command='notebook:interrupt-kernel']")
         started = time.monotonic()
         fit.locator(".jp-OutputArea-output", has_text="Interrupted:").wait_for(timeout=60_000)
@@ -385,7 +387,8 @@ def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, br
     points = client.get_metric_history(run_id, "train_loss")
     assert sorted(p.step for p in points) == list(range(1, int(run.data.params["epochs"]) + 1))
     anonymous = browser.new_context()
-    assert anonymous.new_page().goto(lab.urls["MLflow"]).status == 401  # MLflow asks who is there
+    # MLflow asks who is there (a page would stop at the browser's login prompt: ask without one)
+    assert anonymous.request.get(lab.urls["MLflow"]).status == 401
     anonymous.close()
     # Signed in as the lab says: its user, and the password `python -m helpers.stack env` prints.
     context = browser.new_context(viewport={"width": 1400, "height": 900}, http_credentials={

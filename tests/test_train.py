@@ -1,8 +1,11 @@
 """Ray Train + MLflow end to end on the real local services, with notebook 04's exported code."""
 
 import dataclasses
+import os
 import re
+import shutil
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,6 +272,10 @@ def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_pa
     from helpers import stack
 
     state = tmp_path / "stack"
+    session = os.environ.get("STACK_STATE_DIR")
+    if session:  # the login this process and its Ray workers already send (MLflow reads it from the environment)
+        state.mkdir(mode=0o700)
+        shutil.copy(Path(session) / "mlflow-auth.json", state / "mlflow-auth.json")
     stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_lakefs=False, with_ray=False)
     try:
         private = dataclasses.replace(settings, mlflow_tracking_uri=load_private_uri(state))
