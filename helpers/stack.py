@@ -414,21 +414,25 @@ def _load_or_create_keys(state: Path) -> tuple[str, str]:
     return access, secret
 
 
-def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
-    path = _paths(state)["lakefs_keys"]
+def _load_or_create_secrets(path: Path, make) -> dict[str, str]:
+    """The secrets kept 0600 at ``path``, made once by ``make()``; a file missing one of them is refused."""
     if path.is_file():
-        keys = _read_state_json(path)
-        if not {"access_key_id", "secret_access_key", "encrypt_secret"} <= set(keys):
+        kept = _read_state_json(path)
+        if not set(make()) <= set(kept):
             raise StackError(f"{path} is damaged (a key is missing). Reset it: {RESET_HINT.format(path=path)}.")
-        return keys
+        return kept
+    made = make()
+    write_private(path, json.dumps(made, indent=2))
+    return made
+
+
+def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
     upper = string.ascii_uppercase + string.digits
-    keys = {
+    return _load_or_create_secrets(_paths(state)["lakefs_keys"], lambda: {
         "access_key_id": "AKIAJ" + "".join(secrets.choice(upper) for _ in range(15)),  # lakeFS's key shape
         "secret_access_key": secrets.token_urlsafe(30),
         "encrypt_secret": secrets.token_urlsafe(32),
-    }
-    write_private(path, json.dumps(keys, indent=2))
-    return keys
+    })
 
 
 def _load_or_create_mlflow_auth(state: Path) -> dict[str, str]:
@@ -436,15 +440,8 @@ def _load_or_create_mlflow_auth(state: Path) -> dict[str, str]:
 
     The password is fixed when MLflow creates its user on the first start, so it is kept, never made anew.
     """
-    path = _paths(state)["mlflow_auth"]
-    if path.is_file():
-        auth = _read_state_json(path)
-        if not {"username", "password", "secret_key"} <= set(auth):
-            raise StackError(f"{path} is damaged (a key is missing). Reset it: {RESET_HINT.format(path=path)}.")
-        return auth
-    auth = {"username": "admin", "password": secrets.token_urlsafe(24), "secret_key": secrets.token_urlsafe(32)}
-    write_private(path, json.dumps(auth, indent=2))
-    return auth
+    return _load_or_create_secrets(_paths(state)["mlflow_auth"], lambda: {
+        "username": "admin", "password": secrets.token_urlsafe(24), "secret_key": secrets.token_urlsafe(32)})
 
 
 def _fast_admin_login(state: Path, auth: dict[str, str]) -> None:

@@ -3,19 +3,17 @@ ports refuse or are closed, and no secret shows on a command line (the session's
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
 import socket
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from helpers import seaweedfs_security, storage
+from tests.room_intruder import basic, http  # one learner's requests at another's doors, here at the stack's
 from tests.secrets_scan import on_command_lines, stack_secrets
 
 
@@ -32,29 +30,13 @@ def ports(state) -> dict[str, int]:
     return {k: v for k, v in json.loads((state / "ports.json").read_text()).items() if isinstance(v, int)}
 
 
-def status_of(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """The HTTP status and body of a GET (an error status too); (0, b"") where nothing answers."""
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-    except (urllib.error.URLError, OSError):
-        return 0, b""
-
-
-def basic(user: str, password: str) -> dict[str, str]:
-    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-
-
 def test_mlflow_asks_for_its_login(settings):
     url = settings.mlflow_tracking_uri.rstrip("/")
     search = f"{url}/api/2.0/mlflow/experiments/search?max_results=1"
-    assert status_of(search)[0] == 401
-    assert status_of(search, basic(settings.mlflow_username, "not-the-password"))[0] == 401
-    assert status_of(search, basic(settings.mlflow_username, settings.mlflow_password))[0] == 200
-    assert status_of(f"{url}/health")[0] == 200  # what the stack's health check asks, and nothing else
+    assert http(search)[0] == 401
+    assert http(search, headers=basic(settings.mlflow_username, "not-the-password"))[0] == 401
+    assert http(search, headers=basic(settings.mlflow_username, settings.mlflow_password))[0] == 200
+    assert http(f"{url}/health")[0] == 200  # what the stack's health check asks, and nothing else
 
 
 def test_mlflow_checks_the_generated_password_with_one_hash_round_not_scrypt(settings, state):
@@ -82,7 +64,7 @@ def test_the_store_s_other_ports_refuse_to_list_or_change_a_bucket(settings, cli
         "volume ui": f"http://127.0.0.1:{ports['volume']}/ui/index.html",
         "admin ui": f"http://127.0.0.1:{ports['admin']}/",
     }
-    answers = {what: status_of(url, {"Accept": "application/json"}) for what, url in attempts.items()}
+    answers = {what: http(url, headers={"Accept": "application/json"}) for what, url in attempts.items()}
     opened = {what: code for what, (code, body) in answers.items() if 200 <= code < 300 or b"secret.png" in body}
     assert opened == {}, f"answered without credentials: {opened}"
     assert storage.read_object(client, bucket, "train/1/secret.png") == b"private"  # nothing changed

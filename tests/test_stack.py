@@ -271,6 +271,7 @@ def test_two_services_on_one_port_are_refused(state):
     ("ports.json", '{"s3": "eighty"}'),
     ("s3-identities.json", '{"identities": []}'),
     ("lakefs-keys.json", "[1, 2]"),
+    ("mlflow-auth.json", '{"username": "admin"}'),
 ])
 def test_damaged_state_files_name_the_file_and_the_reset(state, name, text, monkeypatch):
     monkeypatch.setattr(lakefs_binary, "find", lambda: Path("/bin/true"))  # so the lakeFS keys are read too
