@@ -98,3 +98,18 @@ def test_a_ray_notebook_with_nothing_at_ray_address_ends_in_one_line(bucket, tmp
     shown = [o for c in json.loads((tmp_path / "out.ipynb").read_text())["cells"] for o in c.get("outputs", [])
              if o.get("output_type") == "error"]
     assert len(shown) == 1 and "Traceback" not in json.dumps(shown)
+
+
+def test_the_serve_shutdown_retry_line_is_left_out_of_a_notebook_and_other_lines_are_kept():
+    """serve.shutdown()'s controller kills itself; Ray's line about retrying that call is not printed."""
+    from ray._private import ray_logging
+
+    cluster.quiet_ray()
+    cluster.quiet_ray()  # twice: the pattern is added once
+    noise = ("Task ServeController.graceful_shutdown failed. There are infinite retries remaining, so the task "
+             "will be retried. Error: The actor is dead because it was killed by `ray.kill`.")
+    batch = {"ip": "127.0.0.1", "pid": "raylet", "job": "01", "is_err": False,
+             "lines": [noise, "epoch 3: loss 0.12 from a training worker"]}
+    printed = [line for out in ray_logging.stdout_deduplicator.deduplicate(batch) for line in out["lines"]]
+    assert printed == ["epoch 3: loss 0.12 from a training worker"]
+    assert ray_logging.stdout_deduplicator.skip_re.pattern.count("graceful_shutdown") == 1
