@@ -23,7 +23,7 @@ def served(client, settings, tmp_path_factory):
     from ray import serve
 
     from helpers.serving import DigitClassifier, model_lineage, resolve_champion
-    from tests.test_notebooks import summary
+    from tests.notebook_runs import summary
 
     suffix = uuid.uuid4().hex[:8]
     bucket, name = f"t-serve-{suffix}", f"t-serve-{suffix}"

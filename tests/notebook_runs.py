@@ -1,0 +1,69 @@
+"""Executing a notebook as the tests do, and reading what it produced (its summary, a solution's output)."""
+
+import json
+
+from helpers import listing, runner
+
+
+def summary(output) -> dict:
+    """The JSON facts the notebook's cell tagged 'summary' displayed."""
+    nb = json.loads(output.read_text())
+    cells = [c for c in nb["cells"] if "summary" in c.get("metadata", {}).get("tags", [])]
+    assert len(cells) == 1, "a notebook has exactly one summary cell"
+    return next(o["data"]["application/json"] for o in cells[0]["outputs"] if "application/json" in o.get("data", {}))
+
+
+def run(name, tmp_path, **parameters):
+    """Execute a notebook with every exercise's solution (the only execution of it in the test run) and check
+    what every run must show: each solution ran, after the learner's cell, without an error."""
+    from helpers.solutions import RAN_TAG
+
+    notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / notebook.name, parameters, solutions=True)
+    assert result.status == "ok", result.message
+    cells = json.loads(result.output.read_text())["cells"]
+    solutions = [c for c in cells if RAN_TAG in c.get("metadata", {}).get("tags", [])]
+    assert solutions and all(c["execution_count"] for c in solutions), "every exercise's solution ran"
+    assert not [o for c in solutions for o in c["outputs"] if o["output_type"] == "error"]
+    return summary(result.output)
+
+
+def solution_output(output, number: int) -> str:
+    """What the solution of exercise ``number`` printed, in an executed notebook."""
+    from helpers.solutions import RAN_TAG
+
+    cells = [c for c in json.loads(output.read_text())["cells"] if RAN_TAG in c.get("metadata", {}).get("tags", [])]
+    return "".join("".join(o.get("text", "")) for o in cells[number - 1]["outputs"] if o["output_type"] == "stream")
+
+
+def assert_lineage(run, inputs: dict[str, tuple[str, str]]) -> None:
+    """The run names its data (dataset inputs with a source and an object count) and its code (git commit)."""
+    from helpers import tracking
+
+    logged = {i.dataset.name: (json.loads(i.dataset.source)["uri"], {t.key: t.value for t in i.tags}["objects"])
+              for i in run.inputs.dataset_inputs}
+    assert logged == inputs
+    assert tracking.lineage_tags(), "the tests run from a git checkout"
+    assert run.data.tags[tracking.GIT_COMMIT_TAG] == tracking.lineage_tags()[tracking.GIT_COMMIT_TAG]
+
+
+def load_test_images(bucket: str, count: int):
+    """The first ``count`` test images of the bucket, decoded the way the notebooks do, with their labels."""
+    import numpy as np
+
+    from helpers import preprocess, storage
+
+    _, _, keys, labels, _ = listing.get_train_test_data(bucket, smoke_test_size=count * 6, listing="manifest")
+    client = storage.get_client()
+    images = preprocess.decode_images([storage.read_object(client, bucket, key) for key in keys])
+    return images, np.asarray(labels)
+
+
+def run_plain(name, tmp_path, **parameters):
+    """Execute a notebook as run all does (no solutions) and return its summary."""
+    notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
+    result = runner.execute(notebook, tmp_path / notebook.name, parameters)
+    assert result.status == "ok", result.message
+    said = json.dumps([c.get("outputs", []) for c in json.loads(result.output.read_text())["cells"]])
+    assert "Live mode:" in said
+    return summary(result.output)
