@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
@@ -47,8 +48,6 @@ def run_facts(path: Path) -> dict:
 
 def wait_for_port(port: int, timeout: float = 60) -> None:
     """Until something listens on ``127.0.0.1:port`` or ``timeout`` s passed."""
-    import time
-
     deadline = time.monotonic() + timeout
     while stack.port_is_free(port) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -98,6 +97,42 @@ def test_a_notebook_that_fails_on_the_cluster_fails_make_submit_and_still_comes_
     assert failed.returncode == 1, failed.stdout[-2000:]
     assert f"{NOTEBOOK}: failed" in failed.stdout and failed.stdout.rstrip().endswith("FAILED.")
     assert any("smoke_test_size" in error for error in run_facts(executed_notebook(failed.stdout))["errors"])
+
+
+def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_machine(lab_ray):
+    """Another Ray of this user, started by ``ray start`` in Ray's default temporary folder, is where Ray's
+    ``"auto"`` points by default; a job submitted to the lab's Ray must still join the lab's Ray (its notebook
+    joined the other one, where the job's files are not, and failed)."""
+    from helpers import ray_service, submit, worker_env
+
+    worker_env.private_ray_tmpdir()
+    port = stack.free_ports(["ray"])["ray"]
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    env.pop("RAY_ADDRESS", None)
+    other = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
+                              f"--port={port}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
+                              "--include-dashboard=false", "--disable-usage-stats", "--block"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    marker = Path(os.environ["RAY_TMPDIR"]) / "ray" / "ray_current_cluster"
+    try:
+        deadline = time.monotonic() + 90
+        while not (marker.is_file() and marker.read_text().strip().endswith(f":{port}")):  # ray start's last step
+            assert other.poll() is None and time.monotonic() < deadline, "the other Ray did not start"
+            time.sleep(0.5)
+        client = submit._client(lab_ray)
+        job = client.submit_job(entrypoint="python -c \"import os; print('joins', os.environ['RAY_ADDRESS'])\"")
+        deadline = time.monotonic() + 120
+        while not client.get_job_status(job).is_terminal():
+            assert time.monotonic() < deadline, "the job did not end in 120 s"
+            time.sleep(0.5)
+        lab_address = ray_service.read_service(Path(os.environ["STACK_STATE_DIR"]))["address"]
+        assert f"joins {lab_address}" in client.get_job_logs(job), (client.get_job_logs(job), lab_address)
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            stack.stop_group(psutil.Process(other.pid), timeout=3)
+        with contextlib.suppress(OSError):
+            if marker.read_text().strip().endswith(f":{port}"):  # `ray start` leaves it; ours only
+                marker.unlink()
 
 
 def test_no_dashboard_and_no_such_notebook_are_one_line_each(settings):
