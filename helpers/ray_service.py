@@ -61,32 +61,17 @@ def _agent_port_of_its_own() -> None:
 
 
 def _temp_folder_of_its_own(state: Path) -> None:
-    """Give this Ray a temporary folder no other Ray of the machine uses (``RAY_TMPDIR``, inherited by workers).
+    """A temporary folder no other Ray of the machine shares (``RAY_TMPDIR``, which its workers inherit).
 
-    A submitted job's entrypoint finds its cluster by Ray's ``"auto"``: the address file in the temporary
-    folder of the Ray that runs it, else any GCS process running on the machine. In a folder shared with
-    another Ray (a second checkout's stack, the tests' second process, a ``ray start``), a notebook sent by
-    ``make submit`` joined that other Ray, where the job's files are not. :func:`_name_its_address` writes
-    the file.
+    A submitted job's entrypoint joins Ray's ``"auto"``: the address file in its Ray's folder, else any GCS
+    running on the machine. In a shared folder a job joined another Ray, where its files were not.
     """
     from helpers import worker_env
 
     worker_env.private_ray_tmpdir()  # this user's own, not the /tmp/ray every user of the machine shares
-    digest = hashlib.sha256(str(state).encode()).hexdigest()[:8]
-    own = Path(os.environ["RAY_TMPDIR"]) / f"stack-{digest}"  # short: Ray's socket paths must fit 107 bytes
-    own.mkdir(mode=0o700, exist_ok=True)
+    own = Path(os.environ["RAY_TMPDIR"]) / f"stack-{hashlib.sha256(str(state).encode()).hexdigest()[:8]}"
+    own.mkdir(mode=0o700, exist_ok=True)  # a short path: Ray's socket paths must fit in 107 bytes
     os.environ["RAY_TMPDIR"] = str(own)
-
-
-def _name_its_address(address: str) -> None:
-    """Write ``address`` where ``"auto"`` looks first: the address file in this Ray's temporary folder.
-
-    ``ray start`` writes it; ``ray.init`` does not. Ray's own function is used: the file's name is Ray's.
-    """
-    import ray
-    from ray._private.utils import write_ray_address
-
-    write_ray_address(address, ray._private.worker._global_node.get_temp_dir_path())
 
 
 def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> None:
@@ -95,6 +80,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     With ``dashboard_port`` it also runs Ray's dashboard on 127.0.0.1 (``make lab``); its URL goes into the record.
     """
     import ray
+    from ray._private.utils import write_ray_address
 
     from helpers import timings, worker_env
     from helpers.config import load_settings
@@ -118,7 +104,8 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard_port is not None,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
              logging_level=logging.ERROR)
-    _name_its_address(ray.get_runtime_context().gcs_address)
+    # The address file "auto" reads (`ray start` writes one, `ray.init` does not; its name is Ray's business).
+    write_ray_address(ray.get_runtime_context().gcs_address, ray._private.worker._global_node.get_temp_dir_path())
     dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
     info = {"address": ray.get_runtime_context().gcs_address, "pid": os.getpid(), "dashboard": dashboard,
             "auth": os.environ.get("RAY_AUTH_MODE", "disabled"), "settings": settings_digest(env),
