@@ -357,7 +357,9 @@ def test_interrupting_04_s_fit_is_one_line_and_the_notebook_then_runs_again_clea
         except Exception as error:
             shown = "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
             raise AssertionError(f"no 'Interrupted:' under the fit; the notebook shows:\n{shown[-3000:]}") from error
-        assert time.monotonic() - started < 60, "the cell stops within a minute, however busy the machine"
+        stopped_after = time.monotonic() - started
+        print(f"the fit's cell stopped {stopped_after:.1f} s after Interrupt")
+        assert stopped_after < 30, "the cell stops within seconds"
         wait_for_idle_kernel(page)
         shown = fit.locator(".jp-OutputArea-output").all_inner_texts()
         errors = [text for text in shown if "Interrupted:" in text]
