@@ -15,9 +15,10 @@ one new Ray worker process importing PyTorch, the unit that start is made of.
 The target is a multiple of a floor measured in the same run, on the same Ray (``floors``): each Ray
 notebook's kernel start, imports and Ray start, plus every start it pays, each at what that start costs
 with no work in it: each Ray Train fit it started (Ray's actor table: one ``TrainController`` each) at
-an empty fit's seconds, and each Ray Data pipeline it ran (Ray Data's own record of every execution)
+an empty fit's seconds, each Ray Data pipeline it ran (Ray Data's own record of every execution)
 at an empty pipeline's seconds, one of two actors where the pipeline started actors (Ray's actor
-table: ``_MapWorker``s), else one of tasks. Notebooks 03, 04, 05 and 07 at most 2x that floor. The
+table: ``_MapWorker``s), else one of tasks, and each Tune sweep at the seconds of a sweep of
+notebook 05's trials whose trials only report once. Notebooks 03, 04, 05 and 07 at most 2x that floor. The
 older floor (one fit for 04 and 05, 03's timed pipelines only) and the yardsticks stay in the JSON
 for the runs before.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -181,6 +183,54 @@ def empty_pipeline(repeats: int = 3, actors: bool = True) -> float:
     finally:
         cluster.shutdown_ray()
     return statistics.median(seconds)
+
+
+def _trial_reports_once(config: dict) -> None:
+    from ray import tune
+
+    tune.report({"reported": 1})
+
+
+def sweep_defaults() -> tuple[int, int]:
+    """Notebook 05's default ``num_samples`` and ``max_concurrent``, read from its parameters cell."""
+    import papermill
+
+    from helpers.runner import notebook_paths
+
+    (notebook,) = notebook_paths(pattern="05_*.ipynb")
+    found = papermill.inspect_notebook(str(notebook))
+    return int(found["num_samples"]["default"]), int(found["max_concurrent"]["default"])
+
+
+def empty_sweep(repeats: int = 3) -> dict:
+    """Median seconds of a Ray Tune sweep whose trials only report once, with notebook 05's trials and concurrency.
+
+    What a sweep pays before any epoch: Tune's controller, the trial actors (a new process, reused by the
+    next trial as in notebook 05), a result and a trial end per trial; one CPU per trial, as 05 asks.
+    """
+    from ray import tune
+
+    from helpers import cluster
+
+    trials, concurrent = sweep_defaults()
+    resources = cluster.init_ray()
+    cpus = max(0.5, min(1.0, resources["CPU"] / concurrent))
+    seconds = []
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            for number in range(repeats):
+                tuner = tune.Tuner(
+                    tune.with_resources(_trial_reports_once, {"cpu": cpus}),
+                    tune_config=tune.TuneConfig(num_samples=trials, max_concurrent_trials=concurrent,
+                                                reuse_actors=True),
+                    run_config=tune.RunConfig(name=f"empty-sweep-{number}", storage_path=folder, verbose=0))
+                clock = time.perf_counter()
+                with contextlib.redirect_stdout(io.StringIO()):
+                    tuner.fit()
+                seconds.append(time.perf_counter() - clock)
+    finally:
+        cluster.shutdown_ray()
+    return {"seconds": statistics.median(seconds), "trials": trials, "max_concurrent": concurrent}
 
 
 def _imports_torch() -> bool:
@@ -402,13 +452,14 @@ def verdict(summary: list[dict], stick: float) -> dict[str, dict]:
 
 
 def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds: float,
-           empty_task_pipeline_seconds: float) -> dict[str, dict]:
+           empty_task_pipeline_seconds: float, empty_sweep_seconds: float = 0.0) -> dict[str, dict]:
     """Each Ray notebook's time as a multiple of its floor: what it cannot avoid paying, every start counted.
 
     The floor: the notebook's own kernel start, imports and Ray start (spans of the same run), plus each
     Ray Train fit it started at the seconds of a fit whose loop only reports once, plus each Ray Data
     pipeline it ran at the seconds of a one-row pipeline, through two actors where it started actors, else
-    through a task (all timed in the same run on the same Ray).
+    through a task, plus each Tune sweep it ran (its "sweep" spans) at the seconds of a sweep of notebook
+    05's trials that only report once (all timed in the same run on the same Ray).
     """
     out = {}
     for row in summary:
@@ -418,14 +469,16 @@ def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds
         number = row["notebook"]
         start = parts.get("kernel start + imports", 0.0) + parts["ray start"]
         fits, pipelines = row.get("fits", 0), row.get("pipelines", {})
+        sweeps = row.get("breakdown_counts", {}).get("sweep", 0)
         each_start = (start + fits * empty_fit_seconds + pipelines.get("actors", 0) * empty_pipeline_seconds
-                      + pipelines.get("tasks", 0) * empty_task_pipeline_seconds)
+                      + pipelines.get("tasks", 0) * empty_task_pipeline_seconds + sweeps * empty_sweep_seconds)
         target = FLOOR_TARGETS.get(number)
         multiple = row["seconds"] / each_start
         out[number] = {"seconds": row["seconds"], "kernel and ray start": round(start, 2), "fits": fits,
                        "actor pipelines": pipelines.get("actors", 0), "task pipelines": pipelines.get("tasks", 0),
-                       "floor_each_start": round(each_start, 2), "multiple_each_start": round(multiple, 2),
-                       "target": target, "met": None if target is None else multiple <= target}
+                       "sweeps": sweeps, "floor_each_start": round(each_start, 2),
+                       "multiple_each_start": round(multiple, 2), "target": target,
+                       "met": None if target is None else multiple <= target}
     return out
 
 
@@ -473,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     process = new_worker_process()
     pipeline = empty_pipeline()
     task_pipeline = empty_pipeline(actors=False)
+    sweep = empty_sweep()
     print(f"Ray Train fit with an empty loop: {floor['seconds']:.1f} s; a new worker process importing "
           f"PyTorch: {process:.1f} s", flush=True)
     repeats = []
@@ -499,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
         ran_06 = any(row["notebook"] == "06" and row["status"] == ["ok"] for row in summary)
         lakefs = f"lakeFS at {load_settings().lakefs_endpoint}" if ran_06 else "not available: notebook 06 skipped"
     targets = verdict(summary, stick)
-    multiples = floors(summary, round(floor["seconds"], 1), round(pipeline, 2), round(task_pipeline, 2))
+    multiples = floors(summary, round(floor["seconds"], 1), round(pipeline, 2), round(task_pipeline, 2),
+                       round(sweep["seconds"], 2))
 
     path = RESULTS / "smoke.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -513,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         "new_worker_process_with_torch": {"seconds": round(process, 2), "yardsticks": round(process / stick, 1)},
         "empty_ray_data_pipeline_two_actors_seconds": round(pipeline, 2),
         "empty_ray_data_pipeline_tasks_seconds": round(task_pipeline, 2),
+        "empty_tune_sweep": {**sweep, "seconds": round(sweep["seconds"], 2)},
         "ray": args.ray, "floors": multiples, "notebooks": summary, "targets": targets, "raw": repeats}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -527,13 +583,15 @@ def main(argv: list[str] | None = None) -> int:
                 ["check", "measured", "target", "met"])
     print_table(f"Against the floor ({args.ray}'s Ray: kernel start + imports + Ray start + every fit and pipeline "
                 "started, each empty)", [{"notebook": k, **v} for k, v in multiples.items()],
-                ["notebook", "seconds", "kernel and ray start", "fits", "actor pipelines", "task pipelines",
+                ["notebook", "seconds", "kernel and ray start", "fits", "actor pipelines", "task pipelines", "sweeps",
                  "floor_each_start", "multiple_each_start", "target", "met"])
     print(f"\nRay Train fit with an empty loop (2 workers): {floor['seconds']:.1f} s = "
           f"{floor['seconds'] / stick:.1f} yardsticks; {floor['actors']} actors, each a new process, up after (s): "
           + ", ".join(f"{name} {up:.1f}" for name, up in floor["up_after_seconds"].items()))
     print(f"A Ray Data pipeline of one row through two actors: {pipeline:.2f} s; through a task: "
           f"{task_pipeline:.2f} s")
+    print(f"A Tune sweep of {sweep['trials']} trials ({sweep['max_concurrent']} at a time) that only report once: "
+          f"{sweep['seconds']:.2f} s")
     print(f"A new Ray worker process importing PyTorch and Ray Train: {process:.2f} s = "
           f"{process / stick:.1f} yardsticks")
     print(f"\nwritten: {path}")

@@ -125,8 +125,10 @@ def accuracy_line() -> str:
             f"images, recomputed from its checkpoint in the bucket, in {duration(row['seconds'])}")
     base = full.get("baseline_04")
     if base and base.get("status") == "ok":
-        line += (f"; the defaults it replaced (SGD at a fixed lr of 0.05, layers [128, 64]) reached "
-                 f"{base['test accuracy']:.2%} in {duration(base['seconds'])} in the same run")
+        line += (f"; the defaults it replaced (SGD at a fixed lr of 0.05, layers [128, 64], batches of 64) reached "
+                 f"{base['test accuracy']:.2%} in {duration(base['seconds'])} in the same run, on a stack of its own")
+        if row.get("training seconds") and base.get("training seconds"):
+            line += f" (training alone: {secs(row['training seconds'])} s against {secs(base['training seconds'])} s)"
     return line + " (`benchmarks/results/full_size.json`)."
 
 
@@ -167,7 +169,8 @@ STEPS = {"upload": "upload, notebook 01's append mode", "list, recursive": "list
 REPEATED_STARTS = {"03": "its Ray Data pipelines are timed one by one so the learner can rank them: dropping one "
                          "would drop the comparison the notebook teaches",
                    "04": "every fit pays Ray Train's start again",
-                   "05": "every fit pays Ray Train's start again",
+                   "05": "its data comes through notebook 03's pipelines, then the sweep pays Tune's start",
+                   "07": "the predictions are written, then read back and filtered, each a pipeline of its own",
                    "06": "every experiment is a Ray Train run, and every fit pays Ray Train's start again"}
 
 
@@ -537,10 +540,11 @@ def starts_text(row: dict, run: dict) -> str:
     fit = run.get("ray_train_empty_fit", {}).get("seconds")
     actor_pipeline = run.get("empty_ray_data_pipeline_two_actors_seconds")
     task_pipeline = run.get("empty_ray_data_pipeline_tasks_seconds")
+    sweep = run.get("empty_tune_sweep", {}).get("seconds")
     parts = []
     for key, noun, each in (("fits", "fit", fit), ("pipelines", "pipeline", actor_pipeline),
                             ("actor pipelines", "actor pipeline", actor_pipeline),
-                            ("task pipelines", "task pipeline", task_pipeline)):
+                            ("task pipelines", "task pipeline", task_pipeline), ("sweeps", "sweep", sweep)):
         number = row.get(key)
         if isinstance(number, dict):  # a notebook row's pipelines: {"actors": n, "tasks": n}
             number = sum(number.values())
@@ -550,9 +554,10 @@ def starts_text(row: dict, run: dict) -> str:
 
 
 def starts_count(row: dict) -> int:
-    """How many fits and pipelines a floors row counts, in either format of ``smoke.json``."""
+    """How many fits, pipelines and sweeps a floors row counts, in either format of ``smoke.json``."""
     pipelines = row.get("pipelines") or 0
     return (row.get("fits") or 0) + (row.get("actor pipelines") or 0) + (row.get("task pipelines") or 0) + (
+        row.get("sweeps") or 0) + (
         sum(pipelines.values()) if isinstance(pipelines, dict) else pipelines)
 
 
@@ -702,7 +707,8 @@ def smoke_section(smoke: dict) -> list[str]:
     out.append("A PyTorch epoch does not measure what the smoke path waits for, so `bench_smoke.py` judges each Ray "
                "notebook against a floor measured in the same run, on the same Ray: the notebook's own kernel start, "
                "imports and Ray start, plus each start it pays, at what that start costs with no work in it: a Ray "
-               "Train fit whose loop only reports once, a one-row Ray Data pipeline.")
+               "Train fit whose loop only reports once, a one-row Ray Data pipeline, a Tune sweep of notebook "
+               "05's trials that only report once.")
     for run in (after, lab):
         if run and run.get("floors"):
             out.append(f"On {ray_label(run)}, yardstick {secs(run.get('yardstick_seconds'))} s:")

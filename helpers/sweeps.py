@@ -47,7 +47,7 @@ def search_space() -> dict[str, Any]:
     return {
         "lr": tune.loguniform(1e-3, 1e-2),
         "dropout": tune.uniform(0.0, 0.3),
-        "batch_size_per_worker": tune.choice([16, 32, 64]),
+        "batch_size_per_worker": tune.choice([32, 64, 128]),
     }
 
 

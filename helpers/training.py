@@ -91,7 +91,7 @@ def build_model(model: str = "mlp", hidden_sizes: Sequence[int] = (128, 64), dro
 CHECKPOINT_FILE = "checkpoint.pt"  # one name for saving and loading (the original article used two)
 DEFAULT_PARAMS: dict[str, Any] = {
     "epochs": 10, "lr": 0.003, "momentum": 0.9, "optimizer": "adam", "lr_schedule": "onecycle", "model": "mlp",
-    "hidden_sizes": [256, 128], "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 64, "seed": 0,
+    "hidden_sizes": [256, 128], "dropout": 0.0, "activation": "relu", "batch_size_per_worker": 128, "seed": 0,
     "cache_shard": False,
 }
 MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")  # what rebuilds the network

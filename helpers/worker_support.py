@@ -42,7 +42,7 @@ def check_params(params: Mapping[str, Any]) -> Mapping[str, Any]:
     check_count("epochs", params["epochs"], 10_000)
     check_positive("lr", params["lr"], maximum=10.0)
     check_fraction("momentum", params.get("momentum", 0.0))
-    check_count("batch_size_per_worker", params.get("batch_size_per_worker", 64), 100_000)
+    check_count("batch_size_per_worker", params.get("batch_size_per_worker", 128), 100_000)
     check_count("checkpoint_every", params.get("checkpoint_every", 1), 10_000)
     check_count("seed", params.get("seed", 0), 2**32 - 1, minimum=0)
     if not isinstance(params.get("cache_shard", False), bool):

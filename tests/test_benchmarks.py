@@ -1,5 +1,6 @@
 """The smoke benchmark's arithmetic (spans to a breakdown, targets in yardsticks) and the span recorder."""
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -154,21 +155,33 @@ def test_summary_facts_are_read_from_the_cell_tagged_summary(tmp_path):
 
 
 def test_each_ray_notebook_is_judged_against_its_own_floor_every_start_counted():
-    def row(number, seconds, fits=0, actors=0, tasks=0, **parts):
+    def row(number, seconds, fits=0, actors=0, tasks=0, sweeps=0, **parts):
         return {"notebook": number, "status": ["ok"], "seconds": seconds, "breakdown_seconds": parts, "fits": fits,
-                "pipelines": {"actors": actors, "tasks": tasks}}
+                "pipelines": {"actors": actors, "tasks": tasks},
+                "breakdown_counts": {"sweep": sweeps} if sweeps else {}}
 
     summary = [row("02", 2.0, **{"kernel start + imports": 1.0}),  # no Ray: no floor
                row("03", 24.0, actors=4, tasks=3, **{"kernel start + imports": 2.5, "ray start": 0.5}),
                row("04", 33.0, fits=1, actors=1, tasks=2, **{"kernel start + imports": 1.0, "ray start": 1.0}),
+               row("05", 20.0, actors=1, tasks=2, sweeps=1, **{"kernel start + imports": 1.0, "ray start": 1.0}),
                row("07", 40.0, actors=2, tasks=3, **{"kernel start + imports": 1.0, "ray start": 1.0})]
     floors = bench_smoke.floors(summary, empty_fit_seconds=10.0, empty_pipeline_seconds=2.0,
-                                empty_task_pipeline_seconds=0.5)
-    assert set(floors) == {"03", "04", "07"}
+                                empty_task_pipeline_seconds=0.5, empty_sweep_seconds=6.0)
+    assert set(floors) == {"03", "04", "05", "07"}
+    assert floors["05"]["floor_each_start"] == 2.0 + 2.0 + 1.0 + 6.0 and floors["05"]["sweeps"] == 1
+    assert floors["05"]["met"]  # 20 / 11
     assert floors["03"]["floor_each_start"] == 3.0 + 4 * 2.0 + 3 * 0.5 and floors["03"]["met"]  # 24 / 12.5
     assert floors["04"]["floor_each_start"] == 2.0 + 10.0 + 2.0 + 1.0 and not floors["04"]["met"]  # 33 / 15
     assert floors["04"]["multiple_each_start"] == round(33 / 15, 2) and floors["04"]["target"] == 2.0
     assert floors["07"]["floor_each_start"] == 2.0 + 4.0 + 1.5 and not floors["07"]["met"]
+
+
+def test_the_empty_sweep_has_notebook_05_s_default_trials_and_concurrency():
+    nb = json.loads(next((Path(__file__).parents[1] / "notebooks").glob("05_*.ipynb")).read_text())
+    (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    defaults = {}
+    exec("".join(cell["source"]), {}, defaults)  # the parameters cell assigns literals only
+    assert bench_smoke.sweep_defaults() == (defaults["num_samples"], defaults["max_concurrent"])
 
 
 def test_the_scale_benchmark_reports_cost_per_object_and_memory_against_the_pointers():
