@@ -164,7 +164,7 @@ PARAMETERS: dict[str, dict[str, Check]] = {
 # watch (about 30-90 s on a 2-core laptop): 03's actors, 04's epochs reaching MLflow, 05's trials coming and going.
 LIVE: dict[str, dict[str, object]] = {
     "03": {"smoke_test_size": 30_000},
-    "04": {"smoke_test_size": 12_000, "epochs": 20, "cache_shard": False},
+    "04": {"smoke_test_size": 12_000, "epochs": 30, "batch_size_per_worker": 64, "cache_shard": False},
     "05": {"smoke_test_size": 20_000, "num_samples": 12, "epochs": 10, "max_concurrent": 2},
 }
 

@@ -18,9 +18,9 @@ def test_live_mode_makes_04_s_epochs_and_05_s_trials_last_long_enough_to_watch(b
 
     client, suffix = MlflowClient(settings.mlflow_tracking_uri), bucket[2:12]
     facts = run_plain("04", tmp_path, bucket=bucket, live=True, experiment=f"t-live-04-{suffix}")
-    assert facts["epochs"] == 20 and facts["test images"] == 2000
+    assert facts["epochs"] == 30 and facts["test images"] == 2000
     stamps = sorted(m.timestamp for m in client.get_metric_history(facts["MLflow run id"], "train_loss"))
-    assert len(stamps) == 20 and (stamps[-1] - stamps[0]) / 1000 >= 20, "the curves grow for 20 s or more"
+    assert len(stamps) == 30 and (stamps[-1] - stamps[0]) / 1000 >= 20, "the curves grow for 20 s or more"
     facts = run_plain("05", tmp_path, bucket=bucket, live=True, experiment=f"t-live-05-{suffix}")
     assert facts["trials"] == 12
     starts = sorted(r.info.start_time / 1000 for r in sweeps.child_runs(settings.mlflow_tracking_uri,
