@@ -223,3 +223,22 @@ def lakefs_test_images(repo, ref: str):
     client = storage.get_client()
     images = preprocess.decode_images([storage.read_object(client, bucket, key_of[p]) for p in paths])
     return images, np.asarray(labels)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_kept():
+    """Each test starts with the SIGINT handler the one before it found; a test that changed it is named.
+
+    A kernel's Interrupt button is a SIGINT, and tests check that it still interrupts after a fit or a
+    sweep; one test that left a handler behind (Ray's libraries install their own) would fail those
+    that run after it in the same process.
+    """
+    import signal
+    import warnings
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        warnings.warn(f"this test left the SIGINT handler {after!r} (put back: {before!r})", stacklevel=1)

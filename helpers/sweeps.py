@@ -259,14 +259,13 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
 
 # From notebooks/05_tune_sweeps.ipynb, cell 46 (id f6e1126c).
 def best_checkpoint(result):
-    """The best checkpoint of a trial: Tune's own, or the Ray Train checkpoint path it reported."""
+    """A trial's checkpoint: Tune's best, or the last one its Ray Train run reported (the only one it keeps)."""
     import ray.train
     from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
     if result.best_checkpoints:
         return result.get_best_checkpoint(metric=METRIC, mode=MODE)
-    frame = result.metrics_dataframe
-    path = frame.loc[frame[METRIC].idxmax(), CHECKPOINT_PATH_KEY]
+    path = result.metrics_dataframe[CHECKPOINT_PATH_KEY].dropna().iloc[-1]  # num_to_keep=1 deleted the others
     return ray.train.Checkpoint(path, filesystem=s3_filesystem())
 
 

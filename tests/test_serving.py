@@ -13,7 +13,7 @@ import requests
 
 from helpers import cluster, listing, runner, serving_support, storage, upload
 
-SMOKE = 300  # 250 training images, 50 test images
+SMOKE = 600  # 500 training images, 100 test images: the learners' smoke size
 
 
 @pytest.fixture(scope="module")
