@@ -24,10 +24,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
 import pytest
+
+_SESSION_SIGINT = signal.getsignal(signal.SIGINT)  # what a test process starts with
 
 _SESSION: dict[str, object] = {}
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
@@ -225,20 +228,36 @@ def lakefs_test_images(repo, ref: str):
     return images, np.asarray(labels)
 
 
-@pytest.fixture(autouse=True)
-def _sigint_handler_kept():
-    """Each test starts with the SIGINT handler the one before it found; a test that changed it is named.
 
-    A kernel's Interrupt button is a SIGINT, and tests check that it still interrupts after a fit or a
-    sweep; one test that left a handler behind (Ray's libraries install their own) would fail those
-    that run after it in the same process.
-    """
+def _sigint_put_back(found, who: str) -> None:
+    """Put back the SIGINT handler ``found`` if it was changed, naming ``who`` changed it in a warning."""
     import signal
     import warnings
 
+    now = signal.getsignal(signal.SIGINT)
+    if now is not found:
+        signal.signal(signal.SIGINT, found)
+        warnings.warn(f"{who} left the SIGINT handler {now!r} (put back: {found!r})", stacklevel=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sigint_handler_of_the_session():
+    """Each module starts with the SIGINT handler the test process started with, whatever the one before left.
+
+    A kernel's Interrupt button is a SIGINT, and tests check that it still interrupts after a fit or a
+    sweep; a module whose fixtures left a handler behind (Ray's libraries install their own) would fail
+    those in the modules that run after it in the same process.
+    """
+    _sigint_put_back(_SESSION_SIGINT, "a module before this one")
+    yield
+    _sigint_put_back(_SESSION_SIGINT, "this module's fixtures")
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_kept():
+    """Each test starts with the SIGINT handler the one before it found; a test that changed it is named."""
+    import signal
+
     before = signal.getsignal(signal.SIGINT)
     yield
-    after = signal.getsignal(signal.SIGINT)
-    if after is not before:
-        signal.signal(signal.SIGINT, before)
-        warnings.warn(f"this test left the SIGINT handler {after!r} (put back: {before!r})", stacklevel=1)
+    _sigint_put_back(before, "this test")
