@@ -228,10 +228,8 @@ def lakefs_test_images(repo, ref: str):
     return images, np.asarray(labels)
 
 
-
 def _sigint_put_back(found, who: str) -> None:
     """Put back the SIGINT handler ``found`` if it was changed, naming ``who`` changed it in a warning."""
-    import signal
     import warnings
 
     now = signal.getsignal(signal.SIGINT)
@@ -256,8 +254,6 @@ def _sigint_handler_of_the_session():
 @pytest.fixture(autouse=True)
 def _sigint_handler_kept():
     """Each test starts with the SIGINT handler the one before it found; a test that changed it is named."""
-    import signal
-
     before = signal.getsignal(signal.SIGINT)
     yield
     _sigint_put_back(before, "this test")

@@ -17,9 +17,9 @@ notebook's kernel start, imports and Ray start, plus every start it pays, each a
 with no work in it: each Ray Train fit it started (Ray's actor table: one ``TrainController`` each) at
 an empty fit's seconds, each Ray Data pipeline it ran (Ray Data's own record of every execution)
 at an empty pipeline's seconds, one of two actors where the pipeline started actors (Ray's actor
-table: ``_MapWorker``s), else one of tasks, and each Tune sweep at the seconds of a sweep of
-notebook 05's trials whose trials only report once. Notebooks 03, 04, 05 and 07 at most 2x that floor. The
-older floor (one fit for 04 and 05, 03's timed pipelines only) and the yardsticks stay in the JSON
+table: ``_MapWorker``s), else one of tasks, and each Tune sweep at the seconds of a sweep with
+notebook 05's trials and concurrency whose trials only report once. Notebooks 03, 04, 05 and 07 at most
+2x that floor. The older floor (one fit for 04 and 05, 03's timed pipelines only) and the yardsticks stay in the JSON
 for the runs before.
 
     python benchmarks/bench_smoke.py                  # 01-05 (06 too where lakeFS runs), 3 repeats
