@@ -30,7 +30,14 @@ from pathlib import Path
 
 import pytest
 
-_SESSION_SIGINT = signal.getsignal(signal.SIGINT)  # what a test process starts with
+# A kernel runs every cell with Python's own Ctrl-C handler: ipykernel ignores SIGINT between requests and
+# installs `signal.default_int_handler` while it handles one, whatever its process inherited. A test process
+# inherits whatever started it, and a background job of a non-interactive shell (`make test &`, nohup, a CI
+# runner) inherits SIGINT ignored, under which a Ctrl-C, and `_thread.interrupt_main`, does nothing: the
+# interrupt tests then fail ("DID NOT RAISE") however the code behaves. So each test process starts as a
+# cell does.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+_SESSION_SIGINT = signal.default_int_handler
 
 _SESSION: dict[str, object] = {}
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched

@@ -19,12 +19,22 @@ from helpers import cluster, interrupts, notebook, preprocess, training
 SMOKE = 300
 
 
-@pytest.fixture(autouse=True)
-def kernel_like_ctrl_c():
-    """Ctrl-C raises KeyboardInterrupt in the main thread, as in a Jupyter kernel (a test process may ignore it)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
+def test_a_test_process_started_with_sigint_ignored_still_interrupts_as_a_kernel_does(tmp_path):
+    """`make test &`, nohup or a CI runner start pytest with SIGINT ignored; ipykernel runs each cell with Python's
+    handler whatever it inherited, and so does every test process (conftest), or its interrupt tests cannot pass."""
+    import subprocess
+    import sys
+
+    from helpers.config import project_root
+
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("from conftest import assert_ctrl_c_interrupts\n\n\n"
+                     "def test_ctrl_c_interrupts():\n    assert_ctrl_c_interrupts()\n")
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+                          "-q", "--rootdir", str(tmp_path), "-c", os.devnull, str(probe)],
+                         cwd=project_root(), capture_output=True, text=True, timeout=120,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # what `&` does
+    assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
 
 
 def interrupt_in(seconds: float) -> threading.Timer:
