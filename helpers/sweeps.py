@@ -258,14 +258,14 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 46 (id f6e1126c).
-def best_checkpoint(result):
-    """A trial's checkpoint: Tune's best, or the last one its Ray Train run reported (the only one it keeps)."""
+def last_checkpoint(result):
+    """The checkpoint of a trial's last report: the epoch whose validation accuracy ``scope="last"`` compared."""
     import ray.train
     from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
 
-    if result.best_checkpoints:
-        return result.get_best_checkpoint(metric=METRIC, mode=MODE)
-    path = result.metrics_dataframe[CHECKPOINT_PATH_KEY].dropna().iloc[-1]  # num_to_keep=1 deleted the others
+    if result.checkpoint is not None:  # a one-process trial's: Tune keeps what it reported
+        return result.checkpoint
+    path = result.metrics_dataframe[CHECKPOINT_PATH_KEY].dropna().iloc[-1]  # a distributed trial's Ray Train run
     return ray.train.Checkpoint(path, filesystem=s3_filesystem())
 
 

@@ -25,7 +25,7 @@ from helpers.upload_support import (append_object_id, check_one_format, damaged_
 
 # From notebooks/01_upload_mnist.ipynb, cell 13 (id 7b52009b).
 def encode_image(image: np.ndarray, image_format: str = "png") -> bytes:
-    """Encode one ``uint8 [28, 28]`` digit as PNG (lossless) or JPEG (like the original article)."""
+    """Encode one ``uint8 [28, 28]`` digit as PNG or JPEG (the original article's format)."""
     buffer = io.BytesIO()
     if image_format == "png":
         Image.fromarray(image).save(buffer, format="PNG")

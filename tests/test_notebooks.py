@@ -1,5 +1,6 @@
 """Every notebook executed by papermill with smoke parameters, asserting on what it produced."""
 
+import ast
 import json
 
 import pytest
@@ -86,6 +87,11 @@ def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
     # the pid-stamped log: tasks ran in Ray's worker processes, and each of the two actors got batches
     assert facts["task processes"] >= 1 and facts["actor processes"] == 2
     assert all(facts[f"{name} images/s"] > 0 for name in ("tasks", "actors", "read_images", "parquet"))
+    # exercise 3's answer: the learner's step after the actors is an operator of its own, not fused into them
+    said = solution_output(tmp_path / "03_ray_data_preprocessing.ipynb", 3)
+    operators = ast.literal_eval(said.split("operators that ran: ", 1)[1].strip())  # the printed list of names
+    assert any(name.endswith(" MapBatches(ObjectPreprocessor)") for name in operators), operators
+    assert any(name.endswith(" MapBatches(drop_faint)") for name in operators), operators
 
 
 def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tmp_path, settings, monkeypatch):
@@ -125,6 +131,24 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     served = mlflow.pyfunc.load_model(facts["MLflow model"])  # the MLflow model, loaded outside the notebook
     images, labels = load_test_images(bucket, 50)
     assert (served.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["test accuracy"], abs=1e-4)
+    _assert_the_hardest_digit_answer(solution_output(tmp_path / "04_distributed_training.ipynb", 1), served, images,
+                                     labels)
+
+
+def _assert_the_hardest_digit_answer(said: str, served, images, labels) -> None:
+    """04's exercise 1: the counts per digit, the hardest digit, and every digit tied as its most frequent error."""
+    import numpy as np
+
+    predictions = served.predict(images).argmax(axis=1)
+    matrix = np.zeros((10, 10), dtype=int)
+    np.add.at(matrix, (labels, predictions), 1)
+    counts = matrix.sum(axis=1)
+    assert f"test images per digit: {counts.tolist()}" in said, said
+    hardest = int((matrix.diagonal() / counts.clip(min=1)).argmin())
+    wrong = matrix[hardest].copy()
+    wrong[hardest] = 0
+    tied = [d for d in range(10) if wrong[d] == wrong.max() > 0]
+    assert f"hardest: {hardest} (" in said and f"most often taken for: {tied} ({wrong.max()} times each)" in said, said
 
 
 def test_05_sweeps_from_the_known_good_point_and_finds_a_better_one(bucket, tmp_path, settings):
@@ -163,6 +187,16 @@ def test_05_sweeps_from_the_known_good_point_and_finds_a_better_one(bucket, tmp_
     said = solution_output(tmp_path / "05_tune_sweeps.ipynb", 3)
     stopped = int(said.split("the median rule stopped ")[1].split(" of ")[0])
     assert stopped >= 1, said
+    # ... and its answer names ASHA's rungs as the notebook printed them
+    executed = json.loads((tmp_path / "05_tune_sweeps.ipynb").read_text())["cells"]
+    printed = next(line for cell in executed for o in cell.get("outputs", [])
+                   for line in "".join(o.get("text", "")).splitlines() if "rungs at epochs" in line)
+    assert printed.endswith("rungs at epochs [3, 6]") and sweeps.asha_rungs(10) == [3, 6], printed
+    answer = next("".join(c["source"]) for c in executed if "MedianStoppingRule(time_attr" in "".join(c["source"])
+                  and c["cell_type"] == "markdown")
+    assert "(3 and 6 at the defaults" in answer
+    # exercise 2 correlates at the first rung, which every trial reached
+    assert "with the accuracy after epoch 3:" in solution_output(tmp_path / "05_tune_sweeps.ipynb", 2)
 
 
 @pytest.fixture(scope="module")
