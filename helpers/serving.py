@@ -16,9 +16,9 @@ from helpers.preprocess import normalise
 
 
 # From notebooks/08_serve_the_champion.ipynb, cell 7 (id 17c463d3).
-def resolve_champion(mlflow_client, name: str) -> tuple[str, str]:
-    """``(version, models:/<name>/<version>)`` that ``@champion`` names now: one version, whatever moves later."""
-    version = mlflow_client.get_model_version_by_alias(name, "champion").version
+def resolve_alias(mlflow_client, name: str, alias: str = "champion") -> tuple[str, str]:
+    """``(version, models:/<name>/<version>)`` that ``@alias`` names now: one version, whatever moves later."""
+    version = mlflow_client.get_model_version_by_alias(name, alias).version
     return version, f"models:/{name}/{version}"
 
 
@@ -42,7 +42,7 @@ class DigitClassifier:
         import mlflow
         mlflow.set_tracking_uri(load_settings().mlflow_tracking_uri)
         device = torch.device("cuda" if config.get("use_gpu") else "cpu")
-        net = mlflow.pytorch.load_model(config["model_uri"]).to(device)  # loaded before the swap: no gap
+        net = mlflow.pytorch.load_model(config["model_uri"]).to(device)  # loaded before the swap: none fails
         self.model = (net, device, dict(config["lineage"]))  # one assignment: a batch sees one model
         self.key_digest = config["key_digest"]
         self.predict.set_max_batch_size(config["max_batch_size"])

@@ -1,7 +1,7 @@
 """Plumbing for notebook 08 (lesson module helpers.serving): serving the champion with Ray Serve.
 
 The endpoint's key, checking a request's body, lineage as headers, the HTTP port, a first champion when
-nothing is registered, and a load generator.
+nothing is registered, a roll that an interrupt undoes, and a load generator.
 
 The notebook shows the deployment, ``serve.run`` and the requests; this module holds what every answer
 needs and no learner has to read.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import io
@@ -19,12 +20,14 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from helpers import interrupts
 
 KEY_ENV = "SERVE_API_KEY"  # a cluster's key for the endpoint; else one generated into the stack's state
 KEY_FILE = "serve-key"  # in the stack's state folder, 0600
@@ -229,6 +232,23 @@ def another_version(mlflow_client, name: str, champion_version: str, training_ex
     if others:
         return max(others, key=lambda v: int(v.version))
     return register_as(mlflow_client, name, candidates.latest_training_model(mlflow_client, training_experiment))
+
+
+@contextlib.contextmanager
+def rolled_back_if_stopped(what: str, roll_back: Callable[[], str]) -> Iterator[None]:
+    """A roll that an interrupt or an error undoes: ``roll_back()`` puts the champion back and says what it did.
+
+    An interrupt ends the cell in one :class:`~helpers.interrupts.Interrupted` line, ``"<what> stopped: you
+    interrupted it. <what roll_back returned>"``; an error is raised as it was, after the roll back.
+    """
+    try:
+        with interrupts.stop_cleanly(what, roll_back):
+            yield
+    except interrupts.Interrupted:
+        raise
+    except BaseException:
+        roll_back()
+        raise
 
 
 @dataclass

@@ -4,6 +4,7 @@ the registry's lineage; a roll to another version under load sees no error; bad 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from types import SimpleNamespace
 
@@ -22,7 +23,7 @@ def served(client, settings, tmp_path_factory):
     from mlflow.tracking import MlflowClient
     from ray import serve
 
-    from helpers.serving import DigitClassifier, model_lineage, resolve_champion
+    from helpers.serving import DigitClassifier, model_lineage, resolve_alias
     from tests.notebook_runs import summary
 
     suffix = uuid.uuid4().hex[:8]
@@ -33,7 +34,7 @@ def served(client, settings, tmp_path_factory):
                                                "training_experiment": f"t-serve-train-{suffix}"}, solutions=True)
     assert result.status == "ok", result.message
     mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
-    version, model_uri = resolve_champion(mlflow_client, name)
+    version, model_uri = resolve_alias(mlflow_client, name)
     cluster.init_ray(settings)
     port = serving_support.http_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -64,6 +65,8 @@ def test_08_runs_first_and_alone_registers_a_champion_and_rolls_there_and_back_w
     assert facts["errors during the roll"] == 0 and facts["errors during the rollback"] == 0
     assert facts["versions during the roll"] == ["1", "2"] and facts["other version"] == "2"
     assert facts["champion at the end"] == "1", "the registry is left as the notebook found it"
+    assert facts["aliases at the end"] == ["champion"], "the roll's @challenger is removed"
+    assert served.mlflow.get_registered_model(served.name).aliases == {"champion": "1"}
     cells = json.loads(served.output.read_text())["cells"]
     said = "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
     assert "at " in said and "the answers switch from version 1 to version 2" in said
@@ -126,6 +129,50 @@ def test_a_roll_to_another_version_under_sixteen_clients_sees_no_error(served):
     last = max(t for t, _ in there.versions)
     assert [v for t, v in there.versions if t > last - 1.0] and \
         {v for t, v in there.versions if t > last - 1.0} == {other.version}, "after the roll only the new version"
+
+
+def test_an_interrupt_during_a_roll_puts_the_champion_back_and_says_so_in_one_line(served):
+    import _thread
+
+    from ray import serve
+
+    from helpers import interrupts
+    from helpers.serving import model_lineage
+
+    other = serving_support.another_version(served.mlflow, served.name, served.version, "unused")
+    served.mlflow.set_registered_model_alias(served.name, "challenger", other.version)
+    bodies = png_bodies(served.bucket, listing.get_train_test_data(served.bucket, SMOKE, "manifest")[2][:10])
+
+    def deploy(version: str) -> None:
+        config = {**served.config, "model_uri": f"models:/{served.name}/{version}",
+                  "lineage": model_lineage(served.mlflow, served.name, version)}
+        serve.run(served.deployment.options(user_config=config).bind(), name="t-serve", route_prefix="/t-serve")
+
+    def roll_back() -> str:  # notebook 08's
+        deploy(served.version)
+        served.mlflow.delete_registered_model_alias(served.name, "challenger")
+        return f"back on version {served.version}"
+
+    def roll_then_press_interrupt() -> None:  # the learner presses Interrupt once the new version answers
+        deploy(other.version)
+        _thread.interrupt_main()
+        time.sleep(5)
+
+    guard = serving_support.rolled_back_if_stopped("The roll", roll_back)
+    with pytest.raises(interrupts.Interrupted) as stopped, guard:
+        serving_support.send_load(served.url, bodies, clients=4, seconds=30, during=roll_then_press_interrupt)
+    assert str(stopped.value) == f"The roll stopped: you interrupted it. back on version {served.version}"
+    after = serving_support.send_load(served.url, bodies, clients=2, requests_per_client=5)
+    assert after.errors == [] and set(serving_support.count_by_version(after)) == {served.version}
+    assert served.mlflow.get_registered_model(served.name).aliases == {"champion": served.version}
+
+
+def test_an_error_during_a_roll_puts_the_champion_back_and_is_raised_as_it_was():
+    events = []
+    with pytest.raises(ValueError, match="a failed deployment"), \
+            serving_support.rolled_back_if_stopped("The roll", lambda: events.append("rolled back") or "back"):
+        raise ValueError("a failed deployment")
+    assert events == ["rolled back"]
 
 
 BAD_BODIES = {
