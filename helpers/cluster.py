@@ -29,6 +29,7 @@ from helpers.worker_env import (
     WORKER_SETTINGS,
     keys_from_cluster,
     loopback_only,
+    send_nothing_home,
     settings_env,
 )
 
@@ -257,6 +258,7 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
     """
     settings = settings or load_settings()
     address, service = where_ray_runs(settings, address)
+    send_nothing_home()  # this driver's usage reports too (Ray Data's usage actor is started by the driver)
     if address == "local":
         loopback_only()
         defaults = {name: value for name, value in LOCAL_RAY_DEFAULTS.items() if name not in os.environ}

@@ -44,6 +44,16 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
     return {k: v for k, v in values.items() if v}
 
 
+# Nothing phones home from a workshop room: Ray's usage stats (and Ray Data's usage actor) and MLflow's telemetry
+# (client, server and the UI's banner) off in every process the stack, the lab, the runner and a driver start.
+TELEMETRY_OFF = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def send_nothing_home() -> None:
+    """Turn Ray's usage stats and MLflow's telemetry off in this process and the processes it starts."""
+    os.environ.update(TELEMETRY_OFF)
+
+
 # A local Ray's defaults, inherited by its processes (a driver's own value wins): Ray Train's controller polls
 # reports every 0.2 s, not 2 s, and starts no preemption watcher actor. Not in the driver's environment: Ray
 # Train would send them to its actors in a runtime_env, costing each a new worker process.

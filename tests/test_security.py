@@ -98,3 +98,22 @@ def test_no_secret_of_the_stack_is_on_any_command_line(state):
     secrets = stack_secrets(state)
     assert {"S3 secret key", "MLflow password", "MLflow server key", "SeaweedFS JWT key 0"} <= set(secrets)
     assert on_command_lines(secrets) == []
+
+
+def test_nothing_phones_home_from_the_stack_the_lab_or_a_driver(state, settings):
+    """Ray's usage stats and MLflow's telemetry are off in the stack's services, the lab's kernels and a driver."""
+    from helpers import cluster, lab, stack
+    from helpers.worker_env import TELEMETRY_OFF
+
+    for service in ("mlflow", "ray"):
+        process = stack._running(state, service)
+        assert process is not None, f"the session stack runs {service}"
+        environment = process.environ()
+        assert {name: environment.get(name) for name in TELEMETRY_OFF} == TELEMETRY_OFF, service
+    status, body = http(f"{settings.mlflow_tracking_uri.rstrip('/')}/ajax-api/3.0/mlflow/ui-telemetry",
+                        headers=basic(settings.mlflow_username, settings.mlflow_password))
+    assert status == 200 and json.loads(body)["disable_ui_telemetry"] is True, body  # the UI's banner
+    kernels = lab.kernel_environment()
+    assert {name: kernels.get(name) for name in TELEMETRY_OFF} == TELEMETRY_OFF
+    cluster.ray_connection(settings)  # a notebook's driver, before ray.init
+    assert {name: os.environ.get(name) for name in TELEMETRY_OFF} == TELEMETRY_OFF
