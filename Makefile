@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lab lab-link submit reset catch-up solutions stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
+.PHONY: install run test test-quick lab lab-link submit reset catch-up solutions stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,9 @@ TEST_PROCESSES ?= 2
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
 test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack), and nbval over the committed notebooks
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(NBVAL) tests notebooks
+
+test-quick: $(STAMP)  ## the inner loop: every test that runs no notebook end to end (no nbval, papermill runs, browser, Ray Jobs)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder -m "not notebook" tests
 
 LAB_ARGS ?=
 lab: $(STAMP)  ## JupyterLab on the notebooks, the stack, its Ray with the dashboard; prints every URL (LAB_ARGS="--jupyter-port 8890")

@@ -44,7 +44,7 @@ EXPECTED_STDERR: list[tuple[str, str]] = []
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 
-pytestmark = [pytest.mark.slow, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.notebook]
 
 
 def browser_or_skip() -> None:

@@ -14,6 +14,8 @@ import requests
 
 from helpers import cluster, listing, runner, serving_support, storage, upload
 
+pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
+
 SMOKE = 600  # 500 training images, 100 test images: the learners' smoke size
 
 

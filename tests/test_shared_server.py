@@ -29,6 +29,8 @@ import pytest
 from helpers.config import load_settings, project_root
 from tests.secrets_scan import on_command_lines, stack_secrets
 
+pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
+
 REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"  # set by .ci/run: what would be a skip is a failure
 ROOMS = 3
 USER_PREFIX = "tutorial-room-"

@@ -21,6 +21,8 @@ import pytest
 from helpers import lab, stack, worker_metrics
 from helpers.config import project_root
 
+pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
+
 NOTEBOOK = "04_distributed_training.ipynb"
 SMALL = ["-p", "smoke_test_size", "300", "-p", "epochs", "2", "-p", "checkpoint_every", "2"]
 
