@@ -29,8 +29,8 @@ from helpers.worker_env import (
     WORKER_SETTINGS,
     keys_from_cluster,
     loopback_only,
-    send_nothing_home,
     settings_env,
+    use_room_environment,
 )
 
 
@@ -258,7 +258,7 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
     """
     settings = settings or load_settings()
     address, service = where_ray_runs(settings, address)
-    send_nothing_home()  # this driver's usage reports too (Ray Data's usage actor is started by the driver)
+    use_room_environment()  # in the driver too: Ray Data starts its usage actor from it, and it loads models
     if address == "local":
         loopback_only()
         defaults = {name: value for name, value in LOCAL_RAY_DEFAULTS.items() if name not in os.environ}

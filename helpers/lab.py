@@ -35,7 +35,7 @@ from helpers import ray_service, stack
 from helpers.cluster import check_cluster
 from helpers.config import ConfigError, load_settings, project_root, state_dir
 from helpers.files import write_private
-from helpers.worker_env import TELEMETRY_OFF
+from helpers.worker_env import ROOM_ENVIRONMENT
 
 # The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
 RAY_TOKEN_COOKIE = "ray-authentication-token"
@@ -90,12 +90,12 @@ def jupyter_command(port: int, notebook_dir: Path, as_root: bool) -> list[str]:
 def kernel_environment() -> dict[str, str]:
     """JupyterLab's environment, which its kernels inherit: someone is watching, so progress bars are widgets.
 
-    Ray's usage stats and MLflow's telemetry are off in it (:data:`helpers.worker_env.TELEMETRY_OFF`).
+    No usage stats, no telemetry and no pickled models in it (:data:`helpers.worker_env.ROOM_ENVIRONMENT`).
     """
     from helpers.notebook import HEADLESS_ENV
 
     inherited = {name: value for name, value in os.environ.items() if name not in (HEADLESS_ENV, "JUPYTER_TOKEN")}
-    return {**inherited, **TELEMETRY_OFF}
+    return {**inherited, **ROOM_ENVIRONMENT}
 
 
 def start_jupyter(command: list[str], token: str, log_path: Path, state: Path) -> subprocess.Popen:

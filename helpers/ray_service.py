@@ -91,7 +91,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
         os.environ.setdefault(name, value)
     env = worker_env.settings_env(load_settings(environ={}, stack_state=state))
     worker_env.loopback_only()
-    worker_env.send_nothing_home()
+    worker_env.use_room_environment()
     # ... and in the processes it starts: the dashboard's agent registered under the machine's address while
     # the head looked for it on 127.0.0.1, and every job submission waited 5 minutes for "an available agent".
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"

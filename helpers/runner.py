@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 from helpers.config import project_root
-from helpers.worker_env import send_nothing_home
+from helpers.worker_env import use_room_environment
 
 # A notebook that needs a service the machine lacks raises this in its
 # first cell; the runner reports it as skipped, not as a crash.
@@ -124,7 +124,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
     from helpers.notebook import HEADLESS_ENV
 
     os.environ.setdefault(HEADLESS_ENV, "1")  # the kernel inherits it: progress bars print one final line
-    send_nothing_home()  # ... and this: no usage stats, no telemetry
+    use_room_environment()  # ... and this: no usage stats, no telemetry, no pickled models
     output.parent.mkdir(parents=True, exist_ok=True)
     source = with_solutions_file(notebook, output.parent) if solutions else notebook
     started = time.perf_counter()

@@ -53,7 +53,7 @@ import psutil
 from helpers import lakefs_binary, ray_service, seaweedfs_security
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.files import private_folder, write_private
-from helpers.worker_env import TELEMETRY_OFF
+from helpers.worker_env import ROOM_ENVIRONMENT
 
 MLFLOW_BUCKET = "mlflow"
 # Every port the stack listens on; gRPC ports are passed explicitly so two
@@ -562,7 +562,7 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEFS_", "WEED_", "MLFLOW_TRACKING_"))}
     proc = subprocess.Popen(
         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        cwd=state, env={**inherited, **TELEMETRY_OFF, **(env or {})},
+        cwd=state, env={**inherited, **ROOM_ENVIRONMENT, **(env or {})},
         start_new_session=True,  # own process group: `down` stops it and its children together
         umask=0o077,  # databases, volumes and logs the service creates: the owner's only
     )

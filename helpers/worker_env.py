@@ -40,18 +40,22 @@ def settings_env(settings: Settings, with_keys: bool = True) -> dict[str, str]:
         "S3_REGION": settings.s3_region, "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri,
         **bounded_requests(),  # a worker's MLflow calls give up in seconds when the server is gone
         "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # a model loaded in an actor: no bar in the notebook
+        **ROOM_ENVIRONMENT,  # also on a cluster's workers, which the room's processes did not start
     }
     return {k: v for k, v in values.items() if v}
 
 
-# Nothing phones home from a workshop room: Ray's usage stats (and Ray Data's usage actor) and MLflow's telemetry
-# (client, server and the UI's banner) off in every process the stack, the lab, the runner and a driver start.
-TELEMETRY_OFF = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true"}
+# What every process of a learner's room runs with (the stack, the lab, the runner, a driver and its workers).
+# Nothing phones home: Ray's usage stats (and Ray Data's usage actor), MLflow's telemetry (client, server and the
+# UI's banner). And MLflow loads no pickled model: a model is code, and whoever can write to the registry or the
+# bucket could have a pickle's __reduce__ run on the learner's actors; the lessons log pt2, which loads without.
+ROOM_ENVIRONMENT = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true",
+                    "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
 
 
-def send_nothing_home() -> None:
-    """Turn Ray's usage stats and MLflow's telemetry off in this process and the processes it starts."""
-    os.environ.update(TELEMETRY_OFF)
+def use_room_environment() -> None:
+    """No usage stats, no telemetry, no pickled models: in this process and the processes it starts."""
+    os.environ.update(ROOM_ENVIRONMENT)
 
 
 # A local Ray's defaults, inherited by its processes (a driver's own value wins): Ray Train's controller polls
@@ -68,7 +72,7 @@ REPRODUCIBLE_NUMERICS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
 WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
                    "S3_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                   "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+                   "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", *ROOM_ENVIRONMENT)
 
 
 def loopback_only() -> None:

@@ -103,17 +103,55 @@ def test_no_secret_of_the_stack_is_on_any_command_line(state):
 def test_nothing_phones_home_from_the_stack_the_lab_or_a_driver(state, settings):
     """Ray's usage stats and MLflow's telemetry are off in the stack's services, the lab's kernels and a driver."""
     from helpers import cluster, lab, stack
-    from helpers.worker_env import TELEMETRY_OFF
+    from helpers.worker_env import ROOM_ENVIRONMENT
 
     for service in ("mlflow", "ray"):
         process = stack._running(state, service)
         assert process is not None, f"the session stack runs {service}"
         environment = process.environ()
-        assert {name: environment.get(name) for name in TELEMETRY_OFF} == TELEMETRY_OFF, service
+        assert {name: environment.get(name) for name in ROOM_ENVIRONMENT} == ROOM_ENVIRONMENT, service
     status, body = http(f"{settings.mlflow_tracking_uri.rstrip('/')}/ajax-api/3.0/mlflow/ui-telemetry",
                         headers=basic(settings.mlflow_username, settings.mlflow_password))
     assert status == 200 and json.loads(body)["disable_ui_telemetry"] is True, body  # the UI's banner
     kernels = lab.kernel_environment()
-    assert {name: kernels.get(name) for name in TELEMETRY_OFF} == TELEMETRY_OFF
+    assert {name: kernels.get(name) for name in ROOM_ENVIRONMENT} == ROOM_ENVIRONMENT
     cluster.ray_connection(settings)  # a notebook's driver, before ray.init
-    assert {name: os.environ.get(name) for name in TELEMETRY_OFF} == TELEMETRY_OFF
+    assert {name: os.environ.get(name) for name in ROOM_ENVIRONMENT} == ROOM_ENVIRONMENT
+
+
+def test_a_pickled_model_is_refused_by_the_loaders_and_its_payload_never_runs(settings, tmp_path):
+    """A model is code: one logged as a pickle, whose ``__reduce__`` would write a file, is registered; the
+    loaders a kernel runs (the lessons' ``mlflow.pytorch.load_model`` and ``mlflow.pyfunc.load_model``) refuse it,
+    and the file is never written. The lessons' own pt2 models load without pickle (the notebook tests)."""
+    import subprocess
+    import sys
+    import uuid
+
+    import mlflow
+    from torch import nn
+
+    from helpers import lab
+
+    marker = tmp_path / "the-payload-ran"
+
+    class Payload(nn.Module):
+        def forward(self, x):
+            return x
+
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    name = f"t-pickled-{uuid.uuid4().hex[:8]}"
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    with mlflow.start_run():
+        info = mlflow.pytorch.log_model(Payload(), name="model", serialization_format="pickle",
+                                        pip_requirements=["torch"], registered_model_name=name)
+    assert not marker.exists()
+    for loader in ("mlflow.pytorch.load_model", "mlflow.pyfunc.load_model"):
+        ran = subprocess.run([sys.executable, "-c", f"import mlflow; {loader}('models:/{name}/1')"],
+                             env={**lab.kernel_environment(), "MLFLOW_TRACKING_URI": settings.mlflow_tracking_uri},
+                             capture_output=True, text=True, timeout=120)
+        refused = "Deserializing model using pickle is disallowed" in ran.stderr
+        assert ran.returncode != 0 and refused, ran.stderr[-2000:]
+        assert not marker.exists(), f"{loader} ran the pickle's payload"
+    assert info.registered_model_version == "1"
