@@ -93,7 +93,9 @@ def parse_image(body: bytes) -> np.ndarray:
     """A request's body -> ``uint8 [28, 28]``: JSON with ``"image"`` (a PNG, base64) or ``"pixels"`` (784 numbers).
 
     Raises:
-        BadRequest: empty, not JSON, neither field, not an image, or not 28x28; one line that says what to send.
+        BadRequest: empty, not JSON (or nested too deeply), neither field, not a PNG or JPEG, not 28x28 (an
+            image's declared size is checked before it is decoded), or pixels that are not 784 numbers from 0
+            to 255; one line that says what to send.
     """
     send = 'Send JSON {"image": "<a 28x28 PNG, base64>"} or {"pixels": [784 numbers from 0 to 255]}.'
     if not body.strip():
@@ -102,6 +104,8 @@ def parse_image(body: bytes) -> np.ndarray:
         message = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise BadRequest(f"The body is not JSON. {send}") from None
+    except RecursionError:  # [[[[...]]]] deeper than Python's parser recurses
+        raise BadRequest(f"The JSON is nested too deeply. {send}") from None
     if isinstance(message, dict) and "image" in message:
         return _decode_png(message["image"], send)
     if isinstance(message, dict) and "pixels" in message:
@@ -112,23 +116,31 @@ def parse_image(body: bytes) -> np.ndarray:
 def _decode_png(text: object, send: str) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
+    not_an_image = BadRequest(f"\"image\" is not a base64 PNG or JPEG. {send}")
     try:
         raw = base64.b64decode(str(text), validate=True)
-        image = np.asarray(Image.open(io.BytesIO(raw)).convert("L"))
+        image = Image.open(io.BytesIO(raw), formats=("PNG", "JPEG"))  # reads the header, decodes nothing yet
+    except Image.DecompressionBombError:
+        raise BadRequest(f"The image is far larger than 28x28 pixels. {send}") from None
     except (binascii.Error, ValueError, UnidentifiedImageError, OSError):
-        raise BadRequest(f"\"image\" is not a base64 PNG or JPEG. {send}") from None
-    if image.shape != (IMAGE_SIDE, IMAGE_SIDE):
-        raise BadRequest(f"The image is {image.shape[1]}x{image.shape[0]} pixels, not 28x28. {send}")
-    return image
+        raise not_an_image from None
+    if image.size != (IMAGE_SIDE, IMAGE_SIDE):  # the declared size, checked before a pixel is decoded
+        raise BadRequest(f"The image is {image.size[0]}x{image.size[1]} pixels, not 28x28. {send}")
+    try:
+        return np.asarray(image.convert("L"))
+    except (ValueError, OSError):  # a header that promised more than the data holds
+        raise not_an_image from None
 
 
 def _pixels(values: object, send: str) -> np.ndarray:
     try:
         pixels = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an integer no float holds
         raise BadRequest(f"\"pixels\" must be numbers. {send}") from None
-    if pixels.size != IMAGE_SIDE * IMAGE_SIDE or pixels.ndim not in (1, 2):
+    if pixels.size != IMAGE_SIDE * IMAGE_SIDE:
         raise BadRequest(f"\"pixels\" holds {pixels.size} values, not 784 (28x28). {send}")
+    if pixels.ndim not in (1, 2):
+        raise BadRequest(f"\"pixels\" is nested {pixels.ndim} deep: one list of 784, or 28 lists of 28. {send}")
     if not np.isfinite(pixels).all() or pixels.min() < 0 or pixels.max() > 255:
         raise BadRequest(f"\"pixels\" must be from 0 to 255. {send}")
     return pixels.reshape(IMAGE_SIDE, IMAGE_SIDE).astype(np.uint8)

@@ -3,6 +3,7 @@ the registry's lineage; a roll to another version under load sees no error; bad 
 
 from __future__ import annotations
 
+import io
 import json
 import time
 import uuid
@@ -177,6 +178,30 @@ def test_an_error_during_a_roll_puts_the_champion_back_and_is_raised_as_it_was()
     assert events == ["rolled back"]
 
 
+def png_header_only(width: int, height: int) -> str:
+    """A PNG that declares ``width`` x ``height`` and holds no pixel data, base64: decoding it would fail."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)  # 8-bit greyscale
+    return serving_support.to_base64(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+
+
+def as_body(image: str) -> bytes:
+    return json.dumps({"image": image}).encode()
+
+
+def gif_28x28() -> str:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (28, 28)).save(out, format="GIF")
+    return serving_support.to_base64(out.getvalue())
+
+
 BAD_BODIES = {
     "an empty body": (b"", "The request has no body."),
     "not JSON": (b"\x89PNG\r\n", "The body is not JSON."),
@@ -188,6 +213,15 @@ BAD_BODIES = {
     "783 pixels": (json.dumps({"pixels": [0] * 783}).encode(), '"pixels" holds 783 values, not 784 (28x28).'),
     "a pixel of 300": (json.dumps({"pixels": [300] + [0] * 783}).encode(), '"pixels" must be from 0 to 255.'),
     "words for pixels": (b'{"pixels": ["a", "b"]}', '"pixels" must be numbers.'),
+    # each of these answered 500 Internal Server Error from inside the parser
+    "JSON nested too deeply": (b"[" * 50_000 + b"]" * 50_000, "The JSON is nested too deeply."),
+    "an integer no float holds": (b'{"pixels": [' + b"9" * 400 + b"]}", '"pixels" must be numbers.'),
+    "an image far too large to decode": (as_body(png_header_only(20_000, 20_000)),
+                                         "The image is far larger than 28x28 pixels."),
+    # the declared size is refused before any pixel is decoded (decoding this one would fail: no data)
+    "a 5000x5000 header": (as_body(png_header_only(5000, 5000)), "The image is 5000x5000 pixels, not 28x28."),
+    "a GIF": (as_body(gif_28x28()), '"image" is not a base64 PNG or JPEG.'),
+    "784 pixels nested three deep": (json.dumps({"pixels": [[[0]] * 28] * 28}).encode(), '"pixels" is nested 3 deep'),
 }
 
 
