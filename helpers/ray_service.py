@@ -10,6 +10,7 @@ listens to ``ray.json`` in the state folder, and stops Ray on SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -29,14 +30,36 @@ def settings_digest(env: dict[str, str]) -> str:
 
 
 def read_service(state: Path) -> dict | None:
-    """The stack's Ray: ``address``, ``auth``, ``dashboard``, ``settings``, ``cpus``, ``timings``; None if down."""
+    """The stack's Ray: ``address``, ``auth``, ``dashboard``, ``settings``, ``cpus``, ``timings``; None if down.
+
+    The record survives a SIGKILL or a reboot, and any user can bind a port the moment it is free: the address
+    counts only while the recorded process, or one it started (Ray's GCS), listens on it. Nothing is sent to
+    it to ask, not even a connection: a remembered address whose process is gone is forgotten.
+    """
     try:
         info = json.loads((state / SERVICE_FILE).read_text())
-        host, _, port = info["address"].rpartition(":")
-        with socket.create_connection((host, int(port)), timeout=1.0):
-            return info
+        port = int(info["address"].rpartition(":")[2])
+        return info if listens_under(int(info["pid"]), port) else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+
+
+def listens_under(pid: int, port: int) -> bool:
+    """Whether process ``pid`` of this user, or a process it started, listens on TCP ``port``."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        if root.uids().real != os.getuid():
+            return False
+        family = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return False
+    for process in family:
+        with contextlib.suppress(psutil.Error):
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in process.net_connections("tcp")):
+                return True
+    return False
 
 
 def _agent_port_of_its_own() -> None:

@@ -155,3 +155,34 @@ def test_a_pickled_model_is_refused_by_the_loaders_and_its_payload_never_runs(se
         assert ran.returncode != 0 and refused, ran.stderr[-2000:]
         assert not marker.exists(), f"{loader} ran the pickle's payload"
     assert info.registered_model_version == "1"
+
+
+def test_a_remembered_ray_address_counts_only_while_the_stacks_own_process_listens_there(state, tmp_path):
+    """The record survives a SIGKILL or a reboot, and anyone may bind the port it names: before a token goes there,
+    the port must be held by the recorded process or one it started. Nothing, not even a connection, is sent."""
+    import subprocess
+    import sys
+
+    from helpers import ray_service
+
+    real = ray_service.read_service(state)
+    assert real is not None, "the session stack's Ray, proven by its GCS port"
+    records = tmp_path / "records"
+    records.mkdir()
+
+    def recorded(**changes) -> dict | None:
+        (records / ray_service.SERVICE_FILE).write_text(json.dumps({**real, **changes}))
+        return ray_service.read_service(records)
+
+    with socket.socket() as impostor:  # another program holds a port the record names
+        impostor.bind(("127.0.0.1", 0))
+        impostor.listen()
+        address = f"127.0.0.1:{impostor.getsockname()[1]}"
+        assert recorded(address=address) is None, "the stack's Ray does not listen there"
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        assert recorded(pid=gone.pid) is None, "the recorded process is gone"
+        impostor.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            impostor.accept()  # nothing knocked
+        assert recorded(address=address, pid=os.getpid()) is not None, "the port held by the recorded process"
