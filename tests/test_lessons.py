@@ -150,8 +150,9 @@ def test_helpers_stay_thin_plumbing():
     # notebook as a Ray Job (make submit and the job's entrypoint), each worker's system metrics; and serving's
     # endpoint key, request checks, first champion and load generator (08); each stack's Ray in a temporary
     # folder of its own, where a submitted job finds it; a roll that an interrupt undoes (08); the room's environment
-    # (no telemetry, no pickled models); every body the endpoint cannot use refused before it is decoded
-    assert lines <= 6475, f"hand-written helpers hold {lines} lines"
+    # (no telemetry, no pickled models); every body the endpoint cannot use refused before it is decoded; the
+    # stack's Ray record proven by the process that listens on its address
+    assert lines <= 6495, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
