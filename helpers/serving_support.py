@@ -272,6 +272,7 @@ class LoadResult:
     errors: list[str] = field(default_factory=list)
     answers: list[tuple[bytes, dict[str, Any]]] = field(default_factory=list)  # (body sent, JSON answer)
     seconds: float = 0.0
+    during_ended: float | None = None  # seconds since start when ``during`` returned (the roll was done)
 
     def percentile(self, q: float) -> float:
         """The ``q``-th percentile of the latencies, in milliseconds."""
@@ -285,11 +286,12 @@ class LoadResult:
 
 def send_load(url: str, bodies: Sequence[bytes], clients: int, seconds: float | None = None,
               requests_per_client: int | None = None, during: Callable[[], Any] | None = None,
-              headers: dict[str, str] | None = None) -> LoadResult:
+              headers: dict[str, str] | None = None, settle: float = 0.0) -> LoadResult:
     """``clients`` threads POST ``bodies`` in turn to ``url`` until ``seconds`` pass (or each sent its count).
 
     ``during``, if given, runs in this thread while the load goes on (a roll to a new model), and the load
-    stops when it returns and ``seconds`` passed. Every non-200 answer or connection failure is an error.
+    stops when it returned ``settle`` seconds ago and ``seconds`` passed. Every non-200 answer or connection
+    failure is an error.
     """
     import requests
 
@@ -321,6 +323,8 @@ def send_load(url: str, bodies: Sequence[bytes], clients: int, seconds: float | 
     try:
         if during is not None:
             during()
+            result.during_ended = time.perf_counter() - start
+            time.sleep(settle)
         if seconds is not None:
             time.sleep(max(0.0, seconds - (time.perf_counter() - start)))
             done.set()

@@ -37,20 +37,40 @@ def test_a_test_process_started_with_sigint_ignored_still_interrupts_as_a_kernel
     assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
 
 
-def interrupt_in(seconds: float) -> threading.Timer:
-    """SIGINT to this process after ``seconds``, as the Interrupt button sends the kernel."""
-    timer = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGINT))
+def interrupt_in(seconds: float, seen: dict[str, int] | None = None) -> threading.Timer:
+    """SIGINT to this process after ``seconds``, as the Interrupt button sends the kernel.
+
+    ``seen``, if given, is filled just before the press with how many processes of each Ray actor class it names
+    were running (so a test can show the processes it then sees gone were there).
+    """
+    def press() -> None:
+        for title in seen or {}:
+            seen[title] = len(ray_processes(title))
+        os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Timer(seconds, press)
     timer.start()
     return timer
 
 
 def ray_processes(title: str) -> list[psutil.Process]:
-    """Live processes whose title names a Ray actor class (Ray sets ``ray::<Class>...`` as the process title)."""
+    """Live processes of the Ray this test joined whose title names a Ray actor class (``ray::...<Class>...``).
+
+    Only the descendants of this cluster's raylet count: the other test process runs its own Ray, whose
+    Ray Train runs and pipelines are none of this test's business.
+    """
+    import ray
+
+    gcs_flag = f"--gcs-address={ray.get_runtime_context().gcs_address}"
     found = []
-    for proc in psutil.process_iter():
+    for raylet in psutil.process_iter():
         try:
-            if f"ray::{title}" in " ".join(proc.cmdline()) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
+            if "raylet" not in raylet.name() or gcs_flag not in raylet.cmdline():
+                continue
+            for proc in raylet.children(recursive=True):
+                command = " ".join(proc.cmdline())  # "ray::TrainController...", "ray::MapWorker(...Class)..."
+                if command.startswith("ray::") and title in command and proc.status() != psutil.STATUS_ZOMBIE:
+                    found.append(proc)
         except psutil.Error:
             continue
     return found
@@ -140,6 +160,7 @@ def test_an_interrupted_fit_stops_its_workers_and_the_rerun_resumes_from_its_che
         deadline = time.monotonic() + 240
         while interrupts.latest_checkpoint_epoch(first) is None and time.monotonic() < deadline:
             time.sleep(0.5)
+        pressed["running"] = [len(ray_processes(title)) for title in ("RayTrainWorker", "TrainController")]
         pressed["at"] = time.monotonic()
         os.kill(os.getpid(), signal.SIGINT)
 
@@ -153,6 +174,7 @@ def test_an_interrupted_fit_stops_its_workers_and_the_rerun_resumes_from_its_che
     epoch = int(line.rsplit(" ", 1)[1].rstrip("."))
     assert epoch >= 2 and epoch % 2 == 0
     assert signal.getsignal(signal.SIGINT) is handler
+    assert pressed["running"] == [2, 1], "the run's two workers and its controller, seen while it ran"
     assert gone_within("RayTrainWorker", 20) and gone_within("TrainController", 20), "nothing left running"
     # the cell again: the same run name, and Ray Train restores that checkpoint
     params["epochs"] = epoch + 2
@@ -170,12 +192,14 @@ def test_an_interrupted_pipeline_is_one_line_and_its_actors_stop(settings, inter
     cluster.init_ray(settings)
     keys, labels, *_ = listing.get_train_test_data(interrupt_bucket, SMOKE, "manifest")
     slow = preprocess.to_ray_dataset(keys * 200, labels * 200)  # 60,000 rows: a minute of work on 2 cores
-    timer = interrupt_in(12)
+    seen = {"ObjectPreprocessor": 0}
+    timer = interrupt_in(12, seen)
     with pytest.raises(interrupts.Interrupted) as stopped, notebook.timed("actors: fetch + decode"):
         preprocess.preprocess_with_actors(slow, interrupt_bucket, num_actors=2).materialize()
     timer.cancel()
     assert str(stopped.value) == ("actors: fetch + decode stopped: you interrupted it. Nothing it made is kept; "
                                   "run the cell again.")
+    assert seen["ObjectPreprocessor"] >= 1, "the pipeline's actors, seen while it ran"
     assert gone_within("ObjectPreprocessor", 30), "the pipeline's actors stopped"
 
 
