@@ -219,17 +219,19 @@ def assert_ctrl_c_interrupts() -> None:
             time.sleep(0.1)
 
 
-def lakefs_test_images(repo, ref: str):
-    """The test images at a lakeFS ref and their labels, read without Ray: listed in lakeFS, fetched from the bucket.
+def lakefs_images(repo, ref: str, split: str = "validation"):
+    """The ``"validation"`` or ``"test"`` images at a lakeFS ref and their labels, read without Ray.
 
-    An independent check of what notebook 06 and ``helpers.experiments`` compute through Ray Data.
+    Listed in lakeFS, fetched from the bucket: an independent check of what notebook 06 and
+    ``helpers.experiments`` compute through Ray Data.
     """
     import numpy as np
 
     from helpers import experiments, listing, preprocess, storage
 
-    bucket, key_of = experiments.commit_pointers(repo, ref, ("test/",))
-    _, _, paths, labels = listing.split_train_test(sorted(key_of))
+    bucket, key_of = experiments.commit_pointers(repo, ref, ("test/",) if split == "test" else ("train/",))
+    x_train, y_train, x_test, y_test = listing.split_train_test(sorted(key_of))
+    paths, labels = (x_test, y_test) if split == "test" else listing.split_validation(x_train, y_train)[1]
     client = storage.get_client()
     images = preprocess.decode_images([storage.read_object(client, bucket, key_of[p]) for p in paths])
     return images, np.asarray(labels)

@@ -34,10 +34,11 @@ from helpers.runner import execute, notebook_paths
 
 # What each notebook's row keeps of its summary, beside its status and seconds.
 KEPT = {"01": ("objects",), "02": ("train pointers", "test pointers"),
-        "03": ("pointers",), "04": ("test accuracy", "load seconds", "training seconds", "epochs"),
+        "03": ("pointers",),
+        "04": ("test accuracy", "load seconds", "training seconds", "epochs", "training images", "validation images"),
         "05": ("trials", "best val_accuracy", "test_accuracy", "sweep seconds"),
-        "06": ("objects imported", "experiments", "winner", "winner test_accuracy", "champion test_accuracy",
-               "reproduced"),
+        "06": ("objects imported", "experiments", "winner", "winner val_accuracy",
+               "winner test_accuracy (measured once)", "champion val_accuracy", "reproduced"),
         "07": ("images predicted", "test_accuracy from the Parquet", "Ray Data seconds", "driver seconds")}
 
 

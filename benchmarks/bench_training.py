@@ -94,7 +94,7 @@ def main() -> None:
               "cache_shard": True}  # notebook 04's default
     resources = cluster.init_ray(settings)
     started = time.perf_counter()
-    train_ds, test_ds = preprocess.load_datasets(args.bucket, 0, settings)
+    train_ds, _, test_ds = preprocess.load_datasets(args.bucket, 0, settings)
     load_seconds = time.perf_counter() - started
 
     # Ray Train, full size: also notebook 04's accuracy target.

@@ -1,9 +1,7 @@
 """The day's trained models, found in MLflow: notebook 04's latest run and notebook 05's best trial (06, 07, 08).
 
-Notebook 06 promotes a champion and notebook 07 puts it to work; both say how it compares with the other
-models trained that day, on the same test images. This module finds those models where the notebooks
-logged them: notebook 04's latest finished run logs its model, and notebook 05's latest finished sweep
-logs its winner in the sweep's parent run, with the tuned values as ``best_<name>`` parameters.
+06 (choosing on validation images) and 07 compare their champion with the day's other models on the same images.
+04's latest finished run logs its model; 05's latest sweep logs its winner in its parent run, tuned values as best_*.
 """
 
 from __future__ import annotations
@@ -85,8 +83,8 @@ def day_models(client, training_experiment: str, sweep_experiment: str) -> dict[
     return {name: choice for name, choice in found.items() if choice is not None}
 
 
-def test_accuracies(models: dict[str, ModelChoice], images: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Each model's accuracy on the same test images, recomputed here (the numbers logged may be other images')."""
+def accuracies(models: dict[str, ModelChoice], images: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Each model's accuracy on the same images, recomputed here (the numbers logged may be other images')."""
     import mlflow
     import torch
 

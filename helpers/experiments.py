@@ -23,12 +23,12 @@ from helpers import candidates, tracking
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, load_settings
 from helpers.dataset_cache import read_once
-from helpers.listing import split_train_test
+from helpers.listing import split_train_test, split_validation
 from helpers.preprocess import dataset_to_numpy, pointers_to_datasets, shuffle_pointers
 from helpers.storage import bucket_not_found, endpoint_of, ensure_bucket, get_client, object_store_errors
 from helpers.interrupts import stop_cleanly
-from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, load_checkpoint, log_dataset,
-                              log_torch_model, make_trainer, unique_run_name)
+from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, clearly_better, load_checkpoint,
+                              log_dataset, log_torch_model, make_trainer, unique_run_name)
 from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store,
                                 current_import, lakefs_errors, storage_namespace, wait_for_import)
 from helpers.worker_support import check_params
@@ -155,16 +155,17 @@ def commit_pointers(repo, ref: str, prefixes: Sequence[str] = ("train/", "test/"
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id 10c0eb3e).
-def commit_datasets(repo, ref: str, with_train: bool = True, num_actors: int = 2):
-    """Preprocessed Ray Datasets ``(train, test)`` of the images at ``ref``: listed in lakeFS, read from the bucket.
+def commit_datasets(repo, ref: str, num_actors: int = 2):
+    """Preprocessed Ray Datasets ``(train, validation, test)`` of the images at ``ref``, listed in lakeFS.
 
-    ``with_train=False`` leaves the training split empty (for testing a model).
+    The validation images are notebook 02's (every sixth training image by id), as in notebooks 04 and 05.
     """
-    bucket, key_of = commit_pointers(repo, ref, ("train/", "test/") if with_train else ("test/",))
+    bucket, key_of = commit_pointers(repo, ref)
     x_train, y_train, x_test, y_test = split_train_test(sorted(key_of))
-    train = shuffle_pointers([key_of[p] for p in x_train], y_train, seed=0)
-    test = ([key_of[p] for p in x_test], y_test)
-    return read_once(pointers_to_datasets, bucket, train, test, num_actors=num_actors)  # the same pointers: read once
+    (x_fit, y_fit), (x_val, y_val) = split_validation(x_train, y_train)
+    train = shuffle_pointers([key_of[p] for p in x_fit], y_fit, seed=0)
+    validation, test = ([key_of[p] for p in x_val], y_val), ([key_of[p] for p in x_test], y_test)
+    return read_once(pointers_to_datasets, bucket, train, validation, test, num_actors=num_actors)
 
 
 DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}  # each optimizer's peak learning rate when the grid changes the optimizer
@@ -209,13 +210,13 @@ def train_with_ray(params: Mapping[str, Any], train, run_id: str | None, setting
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 39 (id f6ce6be9).
-def evaluate(net: nn.Module, test) -> dict[str, float]:
-    """Test accuracy and mean loss of ``net`` on a materialised test dataset (nothing added to them)."""
-    x_test, y_test = dataset_to_numpy(test)
+def evaluate(net: nn.Module, dataset, split: str = "val") -> dict[str, float]:
+    """``<split>_accuracy`` and ``<split>_loss`` of ``net`` on a materialised dataset (nothing added to them)."""
+    x, y = dataset_to_numpy(dataset)
     with torch.no_grad():
-        log_probs = net.eval()(torch.as_tensor(x_test))
-    return {"test_accuracy": accuracy(log_probs.argmax(1).numpy(), y_test),
-            "test_loss": float(F.nll_loss(log_probs, torch.as_tensor(y_test)))}
+        log_probs = net.eval()(torch.as_tensor(x))
+    return {f"{split}_accuracy": accuracy(log_probs.argmax(1).numpy(), y),
+            f"{split}_loss": float(F.nll_loss(log_probs, torch.as_tensor(y)))}
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 41 (id a854714a).
@@ -263,8 +264,9 @@ def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Map
         tags={"lakefs.repository": repo_name, "lakefs.branch": branch, "lakefs.data_commit": commit, **(lineage or {})},
     ).info.run_id
     mlflow_client.log_batch(run_id, params=tracking.as_params(params))
-    for split, context in (("train", "training"), ("test", "testing")):
-        log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, commit, f"{split}/"),
+    for split, prefix, context in (("train", "train/", "training"), ("validation", "train/", "validation"),
+                                   ("test", "test/", "testing")):
+        log_dataset(mlflow_client, run_id, f"mnist-{split}", lakefs_source(repo_name, commit, prefix),
                     params[f"{split}_images"], context, tags={"lakefs.commit": commit})
     return run_id
 
@@ -291,19 +293,23 @@ def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics
 def train_experiment(repo, branch: str, params: Mapping[str, Any], datasets, data_commit: str, settings: Settings,
                      experiment: str, cluster_cpus: float = 2.0,
                      lineage: Mapping[str, str] | None = None) -> ExperimentResult:
-    """Train one experiment on ``datasets`` (the images at ``data_commit``, where ``branch`` starts) and commit it."""
+    """Train one experiment on ``datasets`` (the images at ``data_commit``, where ``branch`` starts) and commit it.
+
+    ``datasets`` is ``commit_datasets``'s ``(train, validation, test)``: it trains on the first, is measured on
+    the second, and leaves the test images alone.
+    """
     import mlflow
 
     started = time.perf_counter()
     params = {**params, "data_commit": data_commit, "train_images": datasets[0].count(),
-              "test_images": datasets[1].count()}
+              "validation_images": datasets[1].count(), "test_images": datasets[2].count()}
     mlflow_client, run_id = MlflowClient(settings.mlflow_tracking_uri), None
     try:  # the run ends FAILED (or KILLED) if anything below stops it, never RUNNING
         run_id = start_experiment_run(mlflow_client, repo.id, branch, params, experiment, lineage)
         net, history = train_with_ray(params, datasets[0], run_id, settings, cluster_cpus)
-        metrics = {**evaluate(net, datasets[1]), "train_loss": history[-1]["train_loss"]}
+        metrics = {**evaluate(net, datasets[1]), "train_loss": history[-1]["train_loss"]}  # on validation
         mlflow_client.log_batch(run_id, metrics=tracking.as_metrics(
-            {k: metrics[k] for k in ("test_accuracy", "test_loss")}, step=params["epochs"]))  # the loop logged the rest
+            {k: metrics[k] for k in ("val_accuracy", "val_loss")}, step=params["epochs"]))  # the loop logged the rest
         mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
         with MODEL_LOGGING, mlflow.start_run(run_id=run_id):  # one experiment thread at a time
             model_uri = log_torch_model(net, dataset_to_numpy(datasets[1])[0][:5]).model_uri
@@ -382,7 +388,7 @@ def run_experiments(repo, grid: Sequence[Mapping[str, Any]], start: Mapping[str,
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 64 (id b3f0c7f6).
 def compare_experiments(repo, branches: Sequence[str]):
-    """A table of the experiments, read back from lakeFS (commit metadata and metrics file), best first."""
+    """A table of the experiments, read back from lakeFS (commit metadata, metrics file), best on validation first."""
     import pandas as pd
 
     rows = []
@@ -394,23 +400,25 @@ def compare_experiments(repo, branches: Sequence[str]):
         rows.append({
             "branch": name, "commit": commit.id[:12], "optimizer": params.get("optimizer"),
             "epochs": params.get("epochs"), "lr": params.get("lr"), "train_images": params.get("train_images"),
-            "test_accuracy": metrics["test_accuracy"], "test_loss": metrics["test_loss"],
+            "validation_images": params.get("validation_images"), "test_images": params.get("test_images"),
+            "val_accuracy": metrics["val_accuracy"], "val_loss": metrics["val_loss"],
             "train_loss": metrics["train_loss"],
             "metrics_match": decode_metadata(commit.metadata, "metric") == metrics,
             "mlflow_run_id": commit.metadata.get("mlflow_run_id", ""), "commit_id": commit.id,
         })
     table = pd.DataFrame(rows)
-    return table.sort_values("test_accuracy", ascending=False, ignore_index=True) if rows else table
+    return table.sort_values("val_accuracy", ascending=False, ignore_index=True) if rows else table
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 66 (id 5a9f435e).
-def evaluate_commit(repo, ref: str) -> dict[str, float]:
-    """Metrics recomputed from the model committed at ``ref`` on the test images at ``ref``."""
+def evaluate_commit(repo, ref: str, split: str = "val") -> dict[str, float]:
+    """Metrics recomputed from the model committed at ``ref`` on the ``"val"`` (or ``"test"``) images at ``ref``."""
     net, _ = load_checkpoint(read_bytes(repo, ref, MODEL_PATH))  # notebook 04's loader
-    return evaluate(net, commit_datasets(repo, ref, with_train=False)[1])
+    _, validation, test = commit_datasets(repo, ref)
+    return evaluate(net, validation if split == "val" else test, split)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 74 (id bc33ea4e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 76 (id bc33ea4e).
 @dataclass
 class Promotion:
     """A winner merged into ``main``: the merge commit and the tag pointing at it."""
@@ -420,7 +428,7 @@ class Promotion:
     tag: str
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 76 (id 92704caf).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 78 (id 92704caf).
 def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
             destination: str | None = None) -> Promotion:
     """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
@@ -457,7 +465,7 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 79 (id 22d200f8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 81 (id 22d200f8).
 def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
     """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage."""
     from mlflow.exceptions import MlflowException
@@ -476,7 +484,7 @@ def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGI
         await_creation_for=0)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 81 (id d5c65f83).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 83 (id d5c65f83).
 def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
     """The version the alias ``champion`` names now, or None where there is none yet."""
     from mlflow.exceptions import MlflowException
@@ -489,9 +497,9 @@ def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
         raise
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 83 (id 0ff21874).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 85 (id 0ff21874).
 def champion_if_better(mlflow_client, version, images, labels, name: str = REGISTERED_MODEL):
-    """Move ``@champion`` to ``version`` if it is at least as accurate on ``images`` as the current champion.
+    """Move ``@champion`` to ``version`` if it is clearly better on ``images`` than the current champion (a tie: no).
 
     Returns the new version's accuracy, the current champion's (None where there was none) and whether it moved.
     """
@@ -502,13 +510,13 @@ def champion_if_better(mlflow_client, version, images, labels, name: str = REGIS
 
     previous = current_champion(mlflow_client, name)
     new, old = tested(version.version), None if previous is None else tested(previous.version)
-    moved = old is None or new >= old
+    moved = old is None or clearly_better(new, len(labels), old, len(labels))
     if moved:
         mlflow_client.set_registered_model_alias(name, "champion", version.version)
     return new, old, moved
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 91 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 93 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -523,17 +531,17 @@ class Reproduction:
 
     @property
     def within_tolerance(self) -> bool:
-        """Test accuracy reproduced within ``tolerance`` (absolute)."""
-        return self.differences["test_accuracy"] <= self.tolerance
+        """Validation accuracy reproduced within ``tolerance`` (absolute)."""
+        return self.differences["val_accuracy"] <= self.tolerance
 
     def __str__(self) -> str:
         verdict, sign = ("reproduced", "<=") if self.within_tolerance else ("NOT reproduced", ">")
-        return (f"{verdict}: test accuracy {self.recorded['test_accuracy']:.4f} recorded, "
-                f"{self.reproduced['test_accuracy']:.4f} now (|diff| {self.differences['test_accuracy']:.2g} {sign} "
+        return (f"{verdict}: validation accuracy {self.recorded['val_accuracy']:.4f} recorded, "
+                f"{self.reproduced['val_accuracy']:.4f} now (|diff| {self.differences['val_accuracy']:.2g} {sign} "
                 f"{self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 93 (id 8d4cb7e5).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 95 (id 8d4cb7e5).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings | None = None) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 
@@ -544,8 +552,8 @@ def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings
     started, settings = time.perf_counter(), settings or load_settings()
     params = read_json(repo, commit_id, PARAMS_PATH)
     recorded = read_json(repo, commit_id, METRICS_PATH)
-    train, test = commit_datasets(repo, commit_id)
+    train, validation, _ = commit_datasets(repo, commit_id)
     net, history = train_with_ray(params, train, None, settings, init_ray(settings)["CPU"])
-    reproduced = {**evaluate(net, test), "train_loss": history[-1]["train_loss"]}
+    reproduced = {**evaluate(net, validation), "train_loss": history[-1]["train_loss"]}
     differences = {k: abs(reproduced[k] - recorded[k]) for k in reproduced}
     return Reproduction(commit_id, params, recorded, reproduced, tolerance, time.perf_counter() - started, differences)

@@ -5,6 +5,7 @@ Lesson 02 · List the bucket and split it into pointer lists. Above each definit
 import gzip
 import io
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 import numpy as np
@@ -164,3 +165,25 @@ def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing
         x_train, y_train = smoke_subset(x_train, y_train, n_train)
         x_test, y_test = smoke_subset(x_test, y_test, n_test)
     return x_train, y_train, x_test, y_test, time.perf_counter() - started
+
+
+VALIDATION_EVERY = 6  # one training image in six, by id, is a validation image
+
+
+# From notebooks/02_list_and_split.ipynb, cell 31 (id 85623d4b).
+def is_validation(key: str, every: int = VALIDATION_EVERY) -> bool:
+    """Whether a training key is held out for validation: its MNIST index (or its id's CRC) modulo ``every`` is 0."""
+    object_id = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    number = int(object_id) if is_canonical(key) else zlib.crc32(object_id.encode())
+    return number % every == 0
+
+
+# From notebooks/02_list_and_split.ipynb, cell 33 (id 9b969694).
+def split_validation(keys: list[str], labels: list[int], every: int = VALIDATION_EVERY):
+    """Training pointers -> ``((train keys, labels), (validation keys, labels))``, split by :func:`is_validation`."""
+    train, validation = ([], []), ([], [])
+    for key, label in zip(keys, labels, strict=True):
+        split = validation if is_validation(key, every) else train
+        split[0].append(key)
+        split[1].append(label)
+    return train, validation

@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, check_count, load_settings
-from helpers.listing import get_train_test_data
+from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess_support import create_logger, node_id, remove_superseded, skip_counter, started_last
 from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client,
                              mark_complete, read_object, s3_filesystem)
@@ -298,44 +298,47 @@ def shuffle_pointers(X: Sequence[str], y: Sequence[int], seed: int = 0) -> tuple
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 58 (id 47f5ccdf).
-def pointers_to_datasets(bucket: str, train: tuple[Sequence[str], Sequence[int]],
-                         test: tuple[Sequence[str], Sequence[int]], num_actors: int = 2, batch_size: int = 400):
-    """``(keys, labels)`` of both splits -> preprocessed, materialised Ray Datasets ``(train, test)``, rows in order.
+def pointers_to_datasets(bucket: str, *splits: tuple[Sequence[str], Sequence[int]], num_actors: int = 2,
+                         batch_size: int = 400):
+    """``(keys, labels)`` of each split -> preprocessed, materialised Ray Datasets, one per split, rows in order.
 
-    Both splits go through one actor pipeline (one pool of actors to start, not two) with each
+    All splits go through one actor pipeline (one pool of actors to start, not one per split) with each
     row's number, and are cut apart by it: Ray Data does not promise that blocks come out in the
     order they went in.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
     import ray.data
 
     check_count("num_actors", num_actors, 1024)
-    numbered = to_ray_dataset([*train[0], *test[0]], [*train[1], *test[1]], numbered=True)
-    both = preprocess_with_actors(numbered, bucket, batch_size=batch_size, num_actors=num_actors)
+    numbered = to_ray_dataset([k for keys, _ in splits for k in keys], [y for _, ys in splits for y in ys],
+                              numbered=True)
+    rows = preprocess_with_actors(numbered, bucket, batch_size=batch_size, num_actors=num_actors)
     # Back in row order in the driver: the rows fit (188 MB at full size), while Ray Data's sort,
     # a distributed shuffle, spent 15 s starting tasks and processes at smoke size on two cores.
     # from_blocks keeps the blocks as they are and needs no task to read their metadata.
-    table = pa.concat_tables(both.iter_batches(batch_size=None, batch_format="pyarrow")).sort_by("row")
-    in_train = pc.less(table["row"], len(train[0]))
-    return tuple(ray.data.from_blocks([part.slice(i, batch_size) for i in range(0, max(part.num_rows, 1), batch_size)])
-                 for part in (table.filter(in_train).drop_columns(["row"]),
-                              table.filter(pc.invert(in_train)).drop_columns(["row"])))
+    table = pa.concat_tables(rows.iter_batches(batch_size=None, batch_format="pyarrow")).sort_by("row")
+    table, parts, start = table.drop_columns(["row"]), [], 0
+    for keys, _ in splits:
+        part, start = table.slice(start, len(keys)), start + len(keys)
+        parts.append(ray.data.from_blocks([part.slice(i, batch_size) for i in range(0, max(len(keys), 1), batch_size)]))
+    return tuple(parts)
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 60 (id 44cbc843).
 def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
                   seed: int = 0, batch_size: int = 400):
-    """A bucket's pointers -> preprocessed, materialised Ray Datasets ``(train, test)`` (notebooks 04, 05, 07).
+    """A bucket's pointers -> preprocessed, materialised Ray Datasets ``(train, validation, test)`` (04, 05).
 
-    The training pointers are shuffled (seeded) first: listings come back sorted by label.
+    The validation images are notebook 02's (every sixth training image by id); the training pointers are
+    shuffled (seeded): listings come back sorted by label.
     """
     check_count("num_actors", num_actors, 1024)  # before Ray starts
     settings = settings or load_settings()
     init_ray(settings)
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
                                                               get_client(settings))
-    return pointers_to_datasets(bucket, shuffle_pointers(x_train, y_train, seed), (x_test, y_test),
+    train, validation = split_validation(x_train, y_train)
+    return pointers_to_datasets(bucket, shuffle_pointers(*train, seed), validation, (x_test, y_test),
                                 num_actors=num_actors, batch_size=batch_size)
 
 

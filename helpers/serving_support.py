@@ -289,9 +289,8 @@ def send_load(url: str, bodies: Sequence[bytes], clients: int, seconds: float | 
               headers: dict[str, str] | None = None, settle: float = 0.0) -> LoadResult:
     """``clients`` threads POST ``bodies`` in turn to ``url`` until ``seconds`` pass (or each sent its count).
 
-    ``during``, if given, runs in this thread while the load goes on (a roll to a new model), and the load
-    stops when it returned ``settle`` seconds ago and ``seconds`` passed. Every non-200 answer or connection
-    failure is an error.
+    ``during``, if given, runs in this thread while the load goes on (a roll to a new model); the load stops
+    ``settle`` seconds after it returned, once ``seconds`` passed. A non-200 answer or a failed connection is an error.
     """
     import requests
 

@@ -402,7 +402,30 @@ def confusion_matrix(predictions: np.ndarray, labels: np.ndarray, classes: int =
     return matrix
 
 
-# From notebooks/04_distributed_training.ipynb, cell 72 (id 7719a1c7).
+# From notebooks/04_distributed_training.ipynb, cell 70 (id 0cbd6c2f).
+def accuracy_interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval (95% with ``z=1.96``) of an accuracy measured on ``n`` images."""
+    if n <= 0:
+        return 0.0, 1.0
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# From notebooks/04_distributed_training.ipynb, cell 72 (id 435af561).
+def with_interval(accuracy: float, n: int) -> str:
+    """``"90.00% (95% interval 82.6%-94.5%, 100 images)"``."""
+    low, high = accuracy_interval(accuracy, n)
+    return f"{accuracy:.2%} (95% interval {low:.1%}-{high:.1%}, {n:,} images)"
+
+
+# From notebooks/04_distributed_training.ipynb, cell 74 (id 7ac706d5).
+def clearly_better(new: float, n_new: int, old: float, n_old: int) -> bool:
+    """Whether accuracy ``new`` beats ``old`` beyond noise: their 95% intervals do not overlap (else: a tie)."""
+    return accuracy_interval(new, n_new)[0] > accuracy_interval(old, n_old)[1]
+
+
+# From notebooks/04_distributed_training.ipynb, cell 78 (id 7719a1c7).
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):
     """Log ``net`` as an MLflow PyTorch model (signature and input example from ``example``) in the active run."""
     import mlflow

@@ -335,16 +335,17 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
                 os.remove(marker)
 
 
-def test_load_datasets_cuts_one_pipeline_into_the_shuffled_train_and_the_test_split(ray_local, dataset_bucket,
-                                                                                     client):
+def test_load_datasets_cuts_one_pipeline_into_shuffled_train_validation_and_test(ray_local, dataset_bucket, client):
     import ray.data
 
     x_train, y_train, x_test, y_test, _ = listing.get_train_test_data(dataset_bucket, SMOKE, "manifest", client)
-    x_train, y_train = preprocess.shuffle_pointers(x_train, y_train, seed=5)
-    # Batches of 16 over two actors: every row, in order, on its side of the cut.
-    train_ds, test_ds = preprocess.load_datasets(dataset_bucket, SMOKE, seed=5, batch_size=16)
+    (x_fit, y_fit), (x_val, y_val) = listing.split_validation(x_train, y_train)
+    x_fit, y_fit = preprocess.shuffle_pointers(x_fit, y_fit, seed=5)
+    assert (len(x_fit), len(x_val)) == (SMOKE - SMOKE // 6, SMOKE // 6)
+    # Batches of 16 over two actors: every row, in order, on its side of the cuts.
+    splits = preprocess.load_datasets(dataset_bucket, SMOKE, seed=5, batch_size=16)
     assert ray.data.DataContext.get_current().execution_options.preserve_order is False  # not relied on, not set
-    for ds, keys, labels in ((train_ds, x_train, y_train), (test_ds, x_test, y_test)):
+    for ds, keys, labels in zip(splits, (x_fit, x_val, x_test), (y_fit, y_val, y_test), strict=True):
         images, got_labels = preprocess.dataset_to_numpy(ds)
         expected = [np.asarray(preprocess.fetch_decode(client, dataset_bucket, key)) for key in keys]
         assert got_labels.tolist() == labels
@@ -484,3 +485,17 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
         assert not [name for name in cluster.LOCAL_RAY_DEFAULTS if name in os.environ]
     finally:
         cluster.shutdown_ray()
+
+
+def test_validation_images_are_one_training_image_in_six_by_id_whatever_the_order():
+    keys = [f"train/{i % 10}/{i:05d}.png" for i in range(600)] + ["train/3/6c1e2f3a-7d1b-4c44-9a0e-1f2b3c4d5e6f.png"]
+    labels = [i % 10 for i in range(600)] + [3]
+    (fit_keys, fit_labels), (val_keys, val_labels) = listing.split_validation(keys, labels)
+    canonical = [k for k in val_keys if listing.is_canonical(k)]
+    assert [int(k[-9:-4]) for k in canonical] == list(range(0, 600, 6))  # the ids, in the list's order
+    assert sorted(fit_keys + val_keys) == sorted(keys) and not set(fit_keys) & set(val_keys)
+    assert all(int(k.split("/")[1]) == y for k, y in zip(fit_keys + val_keys, fit_labels + val_labels, strict=True))
+    (_, _), (again, _) = listing.split_validation(keys[::-1], labels[::-1])
+    assert sorted(again) == sorted(val_keys)  # the id decides, not the position
+    (_, _), (smoke, _) = listing.split_validation(keys[:300], labels[:300])
+    assert set(smoke) <= set(val_keys) and len(smoke) == 50  # a smoke subset holds out the same images

@@ -140,7 +140,7 @@ def interrupt_bucket(client):
 @pytest.mark.timeout(400)
 def test_an_interrupted_fit_stops_its_workers_and_the_rerun_resumes_from_its_checkpoint(settings, interrupt_bucket):
     resources = cluster.init_ray(settings)
-    train_ds, _ = preprocess.load_datasets(interrupt_bucket, SMOKE, settings)
+    train_ds, _, _ = preprocess.load_datasets(interrupt_bucket, SMOKE, settings)
     params = {**training.DEFAULT_PARAMS, "epochs": 3000, "checkpoint_every": 2, "hidden_sizes": [32]}  # minutes
     name = training.unique_run_name("stop")
 

@@ -297,3 +297,38 @@ def test_a_saved_cell_over_the_size_limit_is_refused(copy_of_project):
                     f"def padding():\n{long_body}\n\n\ndef get_object_list")
     with pytest.raises(export.ExportError, match="02_list_and_split.ipynb cell .* more than 40"):
         export.stale_modules(copy_of_project)
+
+
+SELECTIONS = {"sort_values", "nlargest", "get_best_result", "max", "min", "sorted", "argmax", "idxmax",
+              "clearly_better", "champion_if_better"}
+
+
+def selections_reading_test_data(code: str) -> list[str]:
+    """Calls that choose (sort, best, max, the champion rule) whose arguments name test data."""
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if name not in SELECTIONS:
+                continue
+            words = [n.id for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)
+                     if isinstance(n, ast.Name)]
+            words += [n.value for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)
+                      if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            words += [n.attr for arg in [*node.args, *(k.value for k in node.keywords)] for n in ast.walk(arg)
+                      if isinstance(n, ast.Attribute)]
+            if any("test" in word.lower() for word in words):
+                found.append(ast.unparse(node)[:120])
+    return found
+
+
+@pytest.mark.parametrize("number", ["05", "06"])
+def test_no_selection_reads_test_data(number):
+    """05's sweep and 06's experiments and champion choose on validation; the test images only report."""
+    notebook = runner.notebook_paths(pattern=f"{number}*.ipynb")[0]
+    assert selections_reading_test_data(notebook_code(notebook)) == []
+
+
+def test_the_selection_check_finds_a_choice_made_on_test_accuracy():
+    chosen_on_test = 'table.sort_values("test_accuracy", ascending=False)\nchampion_if_better(c, v, x_test, y_test)'
+    assert len(selections_reading_test_data(chosen_on_test)) == 2

@@ -24,7 +24,9 @@ def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
     facts = run("02", tmp_path, bucket=bucket, smoke_test_size=60)  # uploads itself: bucket is empty
     assert (facts["train pointers"], facts["test pointers"]) == (60, 10)
     assert facts["first pointer in key order"] == "train/0/00001.png" and facts["its label"] == 0  # key-sorted
-    assert (facts["smoke train pointers"], facts["smoke test pointers"]) == (60, 10)
+    smoke = (facts["smoke train pointers"], facts["smoke validation pointers"], facts["smoke test pointers"])
+    assert smoke == (50, 10, 10)
+    assert facts["validation pointers"] == 10  # ids 0, 6, ..., 54: the same held out at every size
     assert facts["manifest listing s"] > 0
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 70
 
