@@ -156,14 +156,15 @@ def main() -> None:
     from mlflow.tracking import MlflowClient
     from ray import serve
 
-    from helpers.inference import champion_model
+    from helpers.inference import champion_model, hold_champion_rule
     from helpers.serving import model_lineage, resolve_alias
 
     settings = stack.ensure_stack()
     cluster.init_ray(settings)
     client = MlflowClient(settings.mlflow_tracking_uri)
     if champion_model(client, args.registered_model) is None:
-        serving_support.first_champion(client, args.registered_model, "mnist", 600, args.training_experiment)
+        print(hold_champion_rule(client, args.registered_model, "mnist", 600, "bench_serve.py",
+                                 args.training_experiment))
     version, model_uri = resolve_alias(client, args.registered_model)
     HEADERS.update(serving_support.auth_headers())
     bodies = request_bodies()

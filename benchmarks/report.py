@@ -53,14 +53,14 @@ NOTEBOOKS = {
 }
 # notebook -> what its smoke-size and full-size runs do, for its Time row
 SIZES = {
-    "01": ("600 training images", "70,000 images"),
-    "02": ("700 keys", "70,000 keys"),
-    "03": ("600 images", "60,000 training images"),
-    "04": ("600 images, 10 epochs", "60,000 images, 10 epochs"),
-    "05": ("600 images, 8 trials of up to 10 epochs", "60,000 images"),
-    "06": ("700 objects, 4 experiments", "70,000 objects, 4 experiments over 60,000 images each"),
-    "07": ("100 test images", "10,000 test images"),
-    "08": ("100 test images sent", "10,000 test images sent"),
+    "01": ("600 training images, 3,600 objects", "70,000 images"),
+    "02": ("3,600 keys", "70,000 keys"),
+    "03": ("600 training images", "50,000 training images"),
+    "04": ("600 training images, 10 epochs", "50,000 training images, 10 epochs"),
+    "05": ("600 training images, 8 trials of up to 10 epochs", "50,000 training images"),
+    "06": ("3,600 objects, 4 experiments", "70,000 objects, 4 experiments over 50,000 training images each"),
+    "07": ("2,000 test images", "10,000 test images"),
+    "08": ("500 test images sent", "500 test images sent"),
 }
 
 

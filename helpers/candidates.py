@@ -165,3 +165,4 @@ def check_model_uri(client, uri: str, parameter: str = "model_uri",
     raise ParameterError(f"{parameter}={uri!r} names no model: {problem}. What exists: "
                          f"{_registered_models_line(client)}; {_training_runs_line(client, training_experiment)}. "
                          f"Use one of those, or {parameter}=\"\" for the champion.")
+

@@ -9,10 +9,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from helpers.candidates import ModelChoice
+from helpers.candidates import ModelChoice, accuracies, day_models
 from helpers.config import check_count, load_settings
+from helpers.inference_support import train_first
+from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dataset
+from helpers.serving_support import register_as
 from helpers.storage import get_client, read_object
+from helpers.training import clearly_better, with_interval
 from helpers.worker_support import require_gpus
 
 PREDICTIONS_PREFIX = "predictions"  # predictions/<run name>/ in the data bucket
@@ -20,7 +24,7 @@ PREDICTIONS_PREFIX = "predictions"  # predictions/<run name>/ in the data bucket
 
 # From notebooks/07_batch_inference.ipynb, cell 8 (id 19e4b353).
 def champion_model(mlflow_client, name: str) -> ModelChoice | None:
-    """The version ``@champion`` of registered model ``name`` names (notebook 06), as a fixed URI; None if none."""
+    """The version ``@champion`` of registered model ``name`` names, as a fixed URI; None if none."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -30,11 +34,49 @@ def champion_model(mlflow_client, name: str) -> ModelChoice | None:
             return None
         raise
     recorded = mlflow_client.get_run(version.run_id).data.metrics.get("test_accuracy")
+    registered_by = version.tags.get("registered_by", "a notebook that did not say")
     return ModelChoice(f"models:/{name}/{version.version}", f"{name} version {version.version} (@champion, "
-                       "notebook 06)", recorded)
+                       f"registered by {registered_by})", recorded)
 
 
-# From notebooks/07_batch_inference.ipynb, cell 11 (id aa20abf1).
+# From notebooks/07_batch_inference.ipynb, cell 10 (id 9c973f90).
+def validation_images(bucket: str, smoke_test_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Notebook 02's validation images of a bucket (at a smoke size), decoded in the driver, with their labels."""
+    x_train, y_train, *_ = get_train_test_data(bucket, smoke_test_size, "manifest")
+    keys, labels = split_validation(x_train, y_train)[1]
+    client = get_client()
+    with ThreadPoolExecutor(16) as pool:
+        images = decode_images(list(pool.map(lambda key: read_object(client, bucket, key), keys)))
+    return images, np.asarray(labels)
+
+
+# From notebooks/07_batch_inference.ipynb, cell 12 (id 1a672cea).
+def hold_champion_rule(client, name: str, bucket: str, smoke_test_size: int, registered_by: str,
+                       training_experiment: str = "mnist-ray-train", sweep_experiment: str = "mnist-tune") -> str:
+    """Notebook 06's champion rule where 06 did not run: the day's models against ``@champion``, on validation.
+
+    Returns one line saying what it did: nothing (a tie, or worse), or which version is now ``@champion``.
+    """
+    day = day_models(client, training_experiment, sweep_experiment)
+    champion = champion_model(client, name)
+    if not day and champion is None:
+        train_first(bucket, smoke_test_size, training_experiment)
+        day = day_models(client, training_experiment, sweep_experiment)
+    if not day:
+        return f"@champion stays {champion.source}: no model of the day to compare it with"
+    images, labels = validation_images(bucket, smoke_test_size)
+    if champion is not None:
+        day["champion"] = champion
+    scores, n = accuracies(day, images, labels), len(labels)
+    best = max((key for key in day if key != "champion"), key=lambda key: scores[key])
+    said = f"the best of the day, {day[best].source}: {with_interval(scores[best], n)} on the validation images"
+    if champion is not None and not clearly_better(scores[best], n, scores["champion"], n):
+        return f"@champion stays {champion.source}, {with_interval(scores['champion'], n)}; {said}: not clearly better"
+    version = register_as(client, name, day[best], "champion", tags={"registered_by": registered_by})
+    return f"@champion is now version {version.version}, registered by {registered_by}: {said}"
+
+
+# From notebooks/07_batch_inference.ipynb, cell 15 (id aa20abf1).
 class Predictor:
     """Holds the model in a Ray actor: preprocessed batches in, each image's prediction and its confidence out."""
 
@@ -54,7 +96,7 @@ class Predictor:
                 "confidence": confidence.cpu().numpy()}
 
 
-# From notebooks/07_batch_inference.ipynb, cell 13 (id 0e2c8ccf).
+# From notebooks/07_batch_inference.ipynb, cell 17 (id 0e2c8ccf).
 def predict_pointers(keys, labels, bucket: str, model_uri: str, num_actors: int = 2, batch_size: int = 500,
                      use_gpu: bool = False):
     """A lazy Ray Dataset of predictions for the images behind ``keys``: fetched, decoded and predicted by actors."""
@@ -71,7 +113,7 @@ def predict_pointers(keys, labels, bucket: str, model_uri: str, num_actors: int 
                                   num_cpus=0.25, num_gpus=1 if use_gpu else 0)
 
 
-# From notebooks/07_batch_inference.ipynb, cell 25 (id 224c2041).
+# From notebooks/07_batch_inference.ipynb, cell 29 (id 224c2041).
 def predict_in_driver(keys, labels, bucket: str, net: nn.Module, threads: int = 16) -> dict[str, np.ndarray]:
     """The same predictions without Ray: objects fetched by a thread pool, decoded and predicted in this process."""
     client = get_client(load_settings(), max_connections=threads)

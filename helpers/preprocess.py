@@ -16,7 +16,7 @@ from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess_support import create_logger, node_id, remove_superseded, skip_counter, started_last
 from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client,
-                             mark_complete, read_object, s3_filesystem)
+                             mark_complete, read_object, s3_filesystem, smoke_sizes)
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 10 (id 6a49e3aa).
@@ -329,10 +329,11 @@ def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None =
                   seed: int = 0, batch_size: int = 400):
     """A bucket's pointers -> preprocessed, materialised Ray Datasets ``(train, validation, test)`` (04, 05).
 
-    The validation images are notebook 02's (every sixth training image by id); the training pointers are
-    shuffled (seeded): listings come back sorted by label.
+    The validation images are notebook 02's (training images from MNIST index 50,000); the training pointers
+    are shuffled (seeded): listings come back sorted by label.
     """
     check_count("num_actors", num_actors, 1024)  # before Ray starts
+    smoke_sizes(smoke_test_size)
     settings = settings or load_settings()
     init_ray(settings)
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",

@@ -201,23 +201,8 @@ def http_port() -> int:
     return free_ports(["serve"])["serve"]
 
 
-def first_champion(mlflow_client, name: str, bucket: str, smoke_test_size: int, training_experiment: str):
-    """Register a model as ``name`` and name it ``@champion`` where the registry has none (08 run first and alone).
-
-    The model is notebook 04's latest (04 runs headless first where there is none: ``inference_support``).
-    Notebook 06 is where a champion is normally chosen; this only lets 08 run on its own.
-    """
-    from helpers import candidates, inference_support
-
-    choice = candidates.latest_training_model(mlflow_client, training_experiment)
-    if choice is None:
-        inference_support.train_first(bucket, smoke_test_size, training_experiment)
-        choice = candidates.latest_training_model(mlflow_client, training_experiment)
-    return register_as(mlflow_client, name, choice, "champion")
-
-
-def register_as(mlflow_client, name: str, choice, alias: str | None = None):
-    """A new version of ``name`` from ``choice`` (a logged model), optionally named ``alias``; returns it."""
+def register_as(mlflow_client, name: str, choice, alias: str | None = None, tags: dict[str, str] | None = None):
+    """A new version of ``name`` from ``choice`` (a logged model), with ``tags``, optionally named ``alias``."""
     from mlflow.exceptions import MlflowException
 
     model = mlflow_client.get_logged_model(choice.uri.rsplit("/", 1)[-1])
@@ -226,12 +211,11 @@ def register_as(mlflow_client, name: str, choice, alias: str | None = None):
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    version = mlflow_client.create_model_version(name, source=choice.uri, run_id=model.source_run_id,
+    version = mlflow_client.create_model_version(name, source=choice.uri, run_id=model.source_run_id, tags=tags,
                                                  model_id=model.model_id, await_creation_for=0)
     if alias:
         mlflow_client.set_registered_model_alias(name, alias, version.version)
-    print(f"Registered {choice.source} as {name} version {version.version}"
-          + (f" (@{alias}: notebook 06 had not named one)" if alias else ""))
+    print(f"Registered {choice.source} as {name} version {version.version}" + (f" (@{alias})" if alias else ""))
     return version
 
 

@@ -15,8 +15,7 @@ from torch import nn
 from helpers import tracking
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.preprocess import dataset_to_numpy, load_datasets
-from helpers.listing import VALIDATION_EVERY
-from helpers.storage import s3_filesystem, smoke_sizes
+from helpers.storage import s3_filesystem
 from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, lr_schedule,
                               make_optimizer, model_from_params, predict, train_func_per_worker, worker_resources)
 from helpers.worker_metrics import worker_system_metrics
@@ -29,14 +28,10 @@ KNOWN_GOOD = {name: DEFAULT_PARAMS[name] for name in TUNED}  # notebook 04's def
 # From notebooks/05_tune_sweeps.ipynb, cell 7 (id ecf5f58f).
 def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = None,
                 seed: int = 0) -> dict[str, np.ndarray]:
-    """Preprocessed train/validation/test arrays: notebook 03's ``load_datasets``, validation held out by id."""
-    planned = smoke_sizes(smoke_test_size)[0]  # ids 0, 6, 12, ... of these are validation images
-    if smoke_test_size and planned - -(-planned // VALIDATION_EVERY) < 1:
-        raise ParameterError(f"{planned} training images cannot be split into training and validation: "
-                             "use a larger smoke_test_size.")
-    splits = load_datasets(bucket, smoke_test_size, settings, seed=seed)
+    """Preprocessed train/validation/test arrays: notebook 03's ``load_datasets``, as ``x_train``, ``y_val``, ..."""
     arrays = {}
-    for name, dataset in zip(("train", "val", "test"), splits, strict=True):
+    for name, dataset in zip(("train", "val", "test"), load_datasets(bucket, smoke_test_size, settings, seed=seed),
+                             strict=True):
         arrays[f"x_{name}"], arrays[f"y_{name}"] = dataset_to_numpy(dataset)
     return arrays
 

@@ -14,7 +14,7 @@ from minio import Minio
 from PIL import Image
 
 from helpers.config import ParameterError, check_count
-from helpers.mnist import load_mnist
+from helpers.mnist import FIRST_VALIDATION_ID, load_mnist
 from helpers.notebook import progress_bar
 from helpers.storage import (check_bucket_name, ensure_bucket, get_client, image_keys, object_store_errors,
                              smoke_sizes)
@@ -42,31 +42,42 @@ def object_key(split: str, label: int, object_id: str, image_format: str = "png"
     return f"{split}/{int(label)}/{object_id}.{image_format}"
 
 
+# From notebooks/01_upload_mnist.ipynb, cell 19 (id a3b8acfa).
+def smoke_indices(smoke_test_size: int) -> dict[str, list[int]]:
+    """The MNIST indices to upload, per split: the first training, validation and test images.
+
+    Validation images are the training images from index 50,000 on (notebook 02's split).
+    """
+    n_train, n_val, n_test = smoke_sizes(smoke_test_size)
+    return {"train": [*range(n_train), *range(FIRST_VALIDATION_ID, FIRST_VALIDATION_ID + n_val)],
+            "test": list(range(n_test))}
+
+
 SPLITS = ("train", "test")
 MANIFEST_KEY = "_manifest/objects.txt.gz"
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 18 (id f1abd670).
+# From notebooks/01_upload_mnist.ipynb, cell 20 (id f1abd670).
 def plan_keys(smoke_test_size: int = 0, image_format: str = "png",
               append_round: str | None = None) -> list[tuple[str, str, int]]:
     """The objects an upload should create: ``(key, split, index into the MNIST array)``."""
     data = load_mnist()
     out = []
-    for split, count in zip(SPLITS, smoke_sizes(smoke_test_size), strict=True):
+    for split, indices in smoke_indices(smoke_test_size).items():
         labels = data.split(split)[1]
-        for index in range(count):
+        for index in indices:
             object_id = f"{index:05d}" if append_round is None else append_object_id(append_round, split, index)
             out.append((object_key(split, labels[index], object_id, image_format), split, index))
     return out
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 21 (id 9e6a55b6).
+# From notebooks/01_upload_mnist.ipynb, cell 23 (id 9e6a55b6).
 def image_bytes(split: str, index: int, image_format: str = "png") -> bytes:
     """What the object of MNIST image ``index`` of ``split`` holds: the image, encoded."""
     return encode_image(load_mnist().split(split)[0][index], image_format)
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 23 (id e35b63ba).
+# From notebooks/01_upload_mnist.ipynb, cell 25 (id e35b63ba).
 def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]], image_format: str = "png",
                    threads: int = 16, progress: bool = True) -> None:
     """PUT every ``(key, split, index)`` of ``items`` with a thread pool (notebook 01).
@@ -100,7 +111,7 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         bar.close()
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 25 (id 40bf7886).
+# From notebooks/01_upload_mnist.ipynb, cell 27 (id 40bf7886).
 def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     """``{key: (size, ETag)}`` of every image in the bucket (the listing carries both: no GET).
 
@@ -112,13 +123,13 @@ def existing_objects(client: Minio, bucket: str) -> dict[str, tuple[int, str]]:
     return {key: listed[key] for key in image_keys(listed, bucket)}
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 27 (id 3feb6879).
+# From notebooks/01_upload_mnist.ipynb, cell 29 (id 3feb6879).
 def existing_keys(client: Minio, bucket: str) -> set[str]:
     """Every data key already in the bucket (one recursive listing per split)."""
     return set(existing_objects(client, bucket))
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 30 (id 472b07b9).
+# From notebooks/01_upload_mnist.ipynb, cell 32 (id 472b07b9).
 @dataclass(frozen=True)
 class UploadReport:
     """What :func:`upload_mnist` did: objects planned, uploaded, already present, and how long it took."""
@@ -148,7 +159,7 @@ class UploadReport:
                 f"({self.objects_per_second:,.0f} objects/s); {self.skipped:,} were already there.")
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 32 (id eff84a7d).
+# From notebooks/01_upload_mnist.ipynb, cell 34 (id eff84a7d).
 def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
     """Add every data key to the bucket's manifest, one gzipped object; returns how many keys it names."""
     keys = [k for k in keys if k.startswith(("train/", "test/"))]
@@ -156,13 +167,13 @@ def write_manifest(client: Minio, bucket: str, keys: Iterable[str]) -> int:
         return merge_manifest(client, bucket, MANIFEST_KEY, keys)
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 34 (id ea6a6880).
+# From notebooks/01_upload_mnist.ipynb, cell 36 (id ea6a6880).
 def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png", append: bool = False,
                  threads: int = 16, client: Minio | None = None, progress: bool = True,
                  verify: bool = True) -> UploadReport:
     """Upload MNIST, one image per object, in parallel; idempotent and resumable (notebook 01).
 
-    ``smoke_test_size`` training images (0: all 60,000) and a sixth as many test images go to ``bucket`` as
+    ``smoke_test_size`` training images and 5/3 and 10/3 as many validation and test images (0: all) go to ``bucket`` as
     ``image_format``. Only what is missing or damaged is sent; ``append=True`` adds a new round instead;
     ``verify=False`` trusts a manifest naming every planned key. Raises ``ParameterError``, ``StorageError``.
     """
@@ -198,7 +209,7 @@ def upload_mnist(bucket: str = "mnist", smoke_test_size: int = 0, image_format: 
                         "append" if append else "idempotent", repaired=len(damaged))
 
 
-# From notebooks/01_upload_mnist.ipynb, cell 36 (id b28bebbf).
+# From notebooks/01_upload_mnist.ipynb, cell 38 (id b28bebbf).
 def verify_upload(bucket: str = "mnist", smoke_test_size: int = 0, image_format: str = "png",
                   repair: bool = False, client: Minio | None = None) -> list[str]:
     """Keys of the canonical upload that are missing or differ from their image; with ``repair``, upload them again.

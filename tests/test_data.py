@@ -22,7 +22,8 @@ from helpers import cluster, listing, notebook, preprocess, preprocess_support, 
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
 
-SMOKE = 450  # 450 train pointers: batches of 400 + 50
+SMOKE = 450  # 450 training pointers: batches of 400 + 50 (and 750 validation images under train/)
+VALIDATION = 750
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +43,9 @@ def dataset_bucket(client, settings):
 
 @pytest.fixture(scope="module")
 def pointers(dataset_bucket, client):
+    """The training pointers (notebook 02's validation images set aside), as notebook 03 preprocesses them."""
     x_train, y_train, _, _, _ = listing.get_train_test_data(dataset_bucket, listing="manifest", client=client)
-    return x_train, y_train
+    return listing.split_validation(x_train, y_train)[0]
 
 
 def run_preprocessing(ds, bucket, method, batch_size=400, num_actors=2, **kwargs):
@@ -231,7 +233,7 @@ def test_shards_packed_by_an_older_version_ask_to_be_packed_again(ray_local, dat
         preprocess.read_parquet_dataset(dataset_bucket, "old-split", settings)
 
 
-def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, pointers, client):
+def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, client):
     def multiset(ds):
         out = Counter()
         for batch in ds.iter_batches(batch_size=None):
@@ -239,7 +241,7 @@ def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, 
                 out[(image.tobytes(), int(label))] += 1
         return out
 
-    x, y = pointers
+    x, y, *_ = listing.get_train_test_data(dataset_bucket, listing="manifest", client=client)  # all of train/
     actors = multiset(run_preprocessing(preprocess.to_ray_dataset(x, y), dataset_bucket, "actors"))
     images = multiset(preprocess.read_images_dataset(dataset_bucket, "train"))  # Ray lists the prefix itself
     path = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x, y), dataset_bucket, num_shards=3)
@@ -247,7 +249,7 @@ def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, 
               if o.object_name.endswith(".parquet")]
     assert len(shards) == 3
     parquet = multiset(preprocess.read_parquet_dataset(dataset_bucket))
-    assert sum(actors.values()) == SMOKE
+    assert sum(actors.values()) == SMOKE + VALIDATION
     assert actors == images == parquet
 
 
@@ -319,7 +321,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
                                 capture_output=True, text=True, env=env, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
         facts = json.loads(result.stdout.strip().splitlines()[-1])
-        assert facts["rows"] == SMOKE and len(facts["nodes"]) == 2
+        assert facts["rows"] == SMOKE + VALIDATION and len(facts["nodes"]) == 2
         used = {line.split(" on node ")[1].split(":")[0] for line in preprocess_support.read_log(tmp_path)}
         assert used == set(facts["nodes"]), "tasks ran on both nodes"
     finally:
@@ -341,7 +343,7 @@ def test_load_datasets_cuts_one_pipeline_into_shuffled_train_validation_and_test
     x_train, y_train, x_test, y_test, _ = listing.get_train_test_data(dataset_bucket, SMOKE, "manifest", client)
     (x_fit, y_fit), (x_val, y_val) = listing.split_validation(x_train, y_train)
     x_fit, y_fit = preprocess.shuffle_pointers(x_fit, y_fit, seed=5)
-    assert (len(x_fit), len(x_val)) == (SMOKE - SMOKE // 6, SMOKE // 6)
+    assert (len(x_fit), len(x_val), len(x_test)) == (SMOKE, VALIDATION, 1500)
     # Batches of 16 over two actors: every row, in order, on its side of the cuts.
     splits = preprocess.load_datasets(dataset_bucket, SMOKE, seed=5, batch_size=16)
     assert ray.data.DataContext.get_current().execution_options.preserve_order is False  # not relied on, not set
@@ -487,15 +489,15 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
         cluster.shutdown_ray()
 
 
-def test_validation_images_are_one_training_image_in_six_by_id_whatever_the_order():
-    keys = [f"train/{i % 10}/{i:05d}.png" for i in range(600)] + ["train/3/6c1e2f3a-7d1b-4c44-9a0e-1f2b3c4d5e6f.png"]
-    labels = [i % 10 for i in range(600)] + [3]
+def test_validation_images_are_mnist_s_training_images_from_50000_on_whatever_the_order():
+    ids = [*range(300), *range(49_990, 50_300)]
+    keys = [f"train/{i % 10}/{i:05d}.png" for i in ids] + [f"train/3/{uuid.UUID(int=n)}.png" for n in range(60)]
+    labels = [i % 10 for i in ids] + [3] * 60
     (fit_keys, fit_labels), (val_keys, val_labels) = listing.split_validation(keys, labels)
     canonical = [k for k in val_keys if listing.is_canonical(k)]
-    assert [int(k[-9:-4]) for k in canonical] == list(range(0, 600, 6))  # the ids, in the list's order
+    assert [int(k[-9:-4]) for k in canonical] == list(range(50_000, 50_300))  # in the list's order
+    assert 0 < len(val_keys) - len(canonical) < 60  # appended copies: about one in six, by their id
     assert sorted(fit_keys + val_keys) == sorted(keys) and not set(fit_keys) & set(val_keys)
     assert all(int(k.split("/")[1]) == y for k, y in zip(fit_keys + val_keys, fit_labels + val_labels, strict=True))
     (_, _), (again, _) = listing.split_validation(keys[::-1], labels[::-1])
     assert sorted(again) == sorted(val_keys)  # the id decides, not the position
-    (_, _), (smoke, _) = listing.split_validation(keys[:300], labels[:300])
-    assert set(smoke) <= set(val_keys) and len(smoke) == 50  # a smoke subset holds out the same images

@@ -37,15 +37,15 @@ def test_a_test_process_started_with_sigint_ignored_still_interrupts_as_a_kernel
     assert ran.returncode == 0 and "1 passed" in ran.stdout, ran.stdout + ran.stderr
 
 
-def interrupt_in(seconds: float, seen: dict[str, int] | None = None) -> threading.Timer:
+def interrupt_in(seconds: float, seen: dict[str, set[int]] | None = None) -> threading.Timer:
     """SIGINT to this process after ``seconds``, as the Interrupt button sends the kernel.
 
-    ``seen``, if given, is filled just before the press with how many processes of each Ray actor class it names
-    were running (so a test can show the processes it then sees gone were there).
+    ``seen``, if given, is filled just before the press with the pids of the processes of each Ray actor class it
+    names (so a test can show that the processes it then sees gone were there).
     """
     def press() -> None:
         for title in seen or {}:
-            seen[title] = len(ray_processes(title))
+            seen[title] = {proc.pid for proc in ray_processes(title)}
         os.kill(os.getpid(), signal.SIGINT)
 
     timer = threading.Timer(seconds, press)
@@ -76,11 +76,15 @@ def ray_processes(title: str) -> list[psutil.Process]:
     return found
 
 
-def gone_within(title: str, seconds: float) -> bool:
+def gone_within(title: str, seconds: float, among: set[int] | None = None) -> bool:
+    """Whether the processes titled ``title`` (only those of the pids ``among``, if given) end within ``seconds``."""
+    def left() -> list[psutil.Process]:
+        return [proc for proc in ray_processes(title) if among is None or proc.pid in among]
+
     deadline = time.monotonic() + seconds
-    while ray_processes(title) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.5)
-    return not ray_processes(title)
+    return not left()
 
 
 def test_an_interrupt_is_one_line_and_the_handler_comes_back():
@@ -191,16 +195,18 @@ def test_an_interrupted_pipeline_is_one_line_and_its_actors_stop(settings, inter
 
     cluster.init_ray(settings)
     keys, labels, *_ = listing.get_train_test_data(interrupt_bucket, SMOKE, "manifest")
-    slow = preprocess.to_ray_dataset(keys * 200, labels * 200)  # 60,000 rows: a minute of work on 2 cores
-    seen = {"ObjectPreprocessor": 0}
+    slow = preprocess.to_ray_dataset(keys[:300] * 200, labels[:300] * 200)  # 60,000 rows: a minute on 2 cores
+    before = {proc.pid for proc in ray_processes("ObjectPreprocessor")}  # other pipelines': not this test's business
+    seen: dict[str, set[int]] = {"ObjectPreprocessor": set()}
     timer = interrupt_in(12, seen)
     with pytest.raises(interrupts.Interrupted) as stopped, notebook.timed("actors: fetch + decode"):
         preprocess.preprocess_with_actors(slow, interrupt_bucket, num_actors=2).materialize()
     timer.cancel()
     assert str(stopped.value) == ("actors: fetch + decode stopped: you interrupted it. Nothing it made is kept; "
                                   "run the cell again.")
-    assert seen["ObjectPreprocessor"] >= 1, "the pipeline's actors, seen while it ran"
-    assert gone_within("ObjectPreprocessor", 30), "the pipeline's actors stopped"
+    mine = seen["ObjectPreprocessor"] - before
+    assert mine, "the pipeline's actors, seen while it ran"
+    assert gone_within("ObjectPreprocessor", 30, among=mine), "the pipeline's actors stopped"
 
 
 def test_ray_train_still_hands_its_controller_to_the_method_stop_cleanly_replaces():

@@ -18,7 +18,7 @@ def test_live_mode_makes_04_s_epochs_and_05_s_trials_last_long_enough_to_watch(b
 
     client, suffix = MlflowClient(settings.mlflow_tracking_uri), bucket[2:12]
     facts = run_plain("04", tmp_path, bucket=bucket, live=True, experiment=f"t-live-04-{suffix}")
-    assert facts["epochs"] == 30 and facts["test images"] == 2000
+    assert facts["epochs"] == 30 and facts["test images"] == 10000  # 12,000 training images: all 10,000 tests
     stamps = sorted(m.timestamp for m in client.get_metric_history(facts["MLflow run id"], "train_loss"))
     assert len(stamps) == 30 and (stamps[-1] - stamps[0]) / 1000 >= 20, "the curves grow for 20 s or more"
     facts = run_plain("05", tmp_path, bucket=bucket, live=True, experiment=f"t-live-05-{suffix}")

@@ -13,22 +13,23 @@ pytestmark = pytest.mark.notebook
 
 def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
     facts = run("01", tmp_path, bucket=bucket, smoke_test_size=120)
-    assert facts["objects"] == 140 and facts["train objects"] == 120 and facts["test objects"] == 20
-    # the first image went up alone (put_object), the other 139 in parallel; the second run sends nothing
-    assert facts["uploaded in parallel"] == 139 and facts["uploaded on the second run"] == 0
+    # 120 training images, 200 validation images (train/, from index 50,000), 400 test images
+    assert facts["objects"] == 720 and facts["train objects"] == 320 and facts["test objects"] == 400
+    # the first image went up alone (put_object), the other 719 in parallel; the second run sends nothing
+    assert facts["uploaded in parallel"] == 719 and facts["uploaded on the second run"] == 0
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == len(set(keys)) == 140
+    assert len(keys) == len(set(keys)) == 720
 
 
 def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
     facts = run("02", tmp_path, bucket=bucket, smoke_test_size=60)  # uploads itself: bucket is empty
-    assert (facts["train pointers"], facts["test pointers"]) == (60, 10)
+    assert (facts["train pointers"], facts["test pointers"]) == (160, 200)  # 60 + 100 validation; 200 test
     assert facts["first pointer in key order"] == "train/0/00001.png" and facts["its label"] == 0  # key-sorted
     smoke = (facts["smoke train pointers"], facts["smoke validation pointers"], facts["smoke test pointers"])
-    assert smoke == (50, 10, 10)
-    assert facts["validation pointers"] == 10  # ids 0, 6, ..., 54: the same held out at every size
+    assert smoke == (60, 100, 200)
+    assert facts["validation pointers"] == 100  # ids 50,000 to 50,099: the same held out at every size
     assert facts["manifest listing s"] > 0
-    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 70
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 360
 
 
 @pytest.mark.parametrize("parameters, message", [
@@ -113,7 +114,8 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     # history in the last checkpoint marks epoch 5 as where a restart began.
     assert facts["injected failure in epoch"] == 7 and facts["resumed from the checkpoint of epoch"] == 5
     assert facts["epochs"] == 10 and facts["last epoch loss"] < facts["first epoch loss"]
-    assert facts["test accuracy"] > 0.6 and facts["test images"] == 50
+    assert facts["test accuracy"] > 0.6 and facts["test images"] == 1000
+    assert (facts["training images"], facts["validation images"]) == (300, 500)
     assert facts["checkpoint"].startswith(f"s3://{bucket}/ray-results/")
     uri, run_id = settings.mlflow_tracking_uri, facts["MLflow run id"]
     steps = [step for step, _ in tracking.metric_history(uri, run_id, "train_loss")]
@@ -128,10 +130,11 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     artifacts |= {a.path for a in client.list_artifacts(run_id, "model")}
     assert {"confusion_matrix.png", "model/checkpoint.pt"} <= artifacts
     assert_lineage(mlflow_run, {"mnist-train": (f"s3://{bucket}/train/", "300"),
-                                "mnist-test": (f"s3://{bucket}/test/", "50")})
+                                "mnist-validation": (f"s3://{bucket}/train/", "500"),
+                                "mnist-test": (f"s3://{bucket}/test/", "1000")})
     assert facts["accuracy through pyfunc"] == facts["test accuracy"]
     served = mlflow.pyfunc.load_model(facts["MLflow model"])  # the MLflow model, loaded outside the notebook
-    images, labels = load_test_images(bucket, 50)
+    images, labels = load_test_images(bucket, 1000)
     assert (served.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["test accuracy"], abs=1e-4)
     _assert_the_hardest_digit_answer(solution_output(tmp_path / "04_distributed_training.ipynb", 1), served, images,
                                      labels)
@@ -176,14 +179,14 @@ def test_05_sweeps_from_the_known_good_point_and_finds_a_better_one(bucket, tmp_
         float(parent.data.params["best_lr"]) == pytest.approx(facts["best config"]["lr"], abs=1e-4)
     assert parent.data.metrics["val_accuracy"] == pytest.approx(facts["best val_accuracy"], abs=1e-4)
     assert parent.data.metrics["test_accuracy"] == pytest.approx(facts["test_accuracy"], abs=1e-4)
-    assert_lineage(parent, {"mnist-train": (f"s3://{bucket}/train/", "500"),
-                            "mnist-validation": (f"s3://{bucket}/train/", "100"),
-                            "mnist-test": (f"s3://{bucket}/test/", "100")})
+    assert_lineage(parent, {"mnist-train": (f"s3://{bucket}/train/", "600"),
+                            "mnist-validation": (f"s3://{bucket}/train/", "1000"),
+                            "mnist-test": (f"s3://{bucket}/test/", "2000")})
     for child in children:
-        assert_lineage(child, {"mnist-train": (f"s3://{bucket}/train/", "500"),
-                               "mnist-validation": (f"s3://{bucket}/train/", "100")})
+        assert_lineage(child, {"mnist-train": (f"s3://{bucket}/train/", "600"),
+                               "mnist-validation": (f"s3://{bucket}/train/", "1000")})
     best = mlflow.pyfunc.load_model(facts["MLflow model"])
-    images, labels = load_test_images(bucket, 100)
+    images, labels = load_test_images(bucket, 2000)
     assert (best.predict(images).argmax(axis=1) == labels).mean() == pytest.approx(facts["test_accuracy"], abs=1e-4)
     # exercise 3: the median rule, comparing trials by epoch, stops something (the contrast it asks about)
     said = solution_output(tmp_path / "05_tune_sweeps.ipynb", 3)

@@ -15,7 +15,7 @@ from helpers.parameters import PARAMETERS, check_parameters
 BUCKET = [("Not_A_Valid_Bucket", "'Not_A_Valid_Bucket' is not a valid bucket name"),
           ("ab", "'ab' is not a valid bucket name"), (5, "5 is not a valid bucket name")]
 SMOKE = [(-5, "smoke_test_size=-5 is out of range"), ("abc", "smoke_test_size must be an integer, not 'abc'"),
-         (60_001, "smoke_test_size=60001 is out of range"), (1.5, "smoke_test_size must be an integer")]
+         (50_001, "smoke_test_size=50001 is out of range"), (1.5, "smoke_test_size must be an integer")]
 
 
 def counts(name: str, low: int = 1) -> list[tuple[object, str]]:
@@ -74,7 +74,8 @@ TABLE: dict[str, dict[str, list[tuple[object, str]]]] = {
            "batch_size": counts("batch_size"), "use_gpu": flags("use_gpu"),
            "experiment": names("experiment")},
     "08": {"bucket": BUCKET, "smoke_test_size": SMOKE, "registered_model": names("registered_model"),
-           "training_experiment": names("training_experiment"), "num_replicas": counts("num_replicas"),
+           "training_experiment": names("training_experiment"), "sweep_experiment": names("sweep_experiment"),
+           "num_replicas": counts("num_replicas"),
            "max_batch_size": counts("max_batch_size"), "use_gpu": flags("use_gpu"),
            "roll_clients": counts("roll_clients"),
            "batch_wait_timeout_s": [(-0.01, "batch_wait_timeout_s must be a number of seconds from 0 to 10"),

@@ -326,7 +326,7 @@ def test_state_files_are_replaced_whole_and_private(tmp_path):
 def test_interrupted_upload_resumes_without_duplicates(state):
     stack.up(state, ports=private_ports(), with_mlflow=False, with_ray=False)
     client = storage.get_client(load_settings(environ={}, stack_state=state), retries=0)
-    bucket, smoke = "resume", 6000  # 6,000 + 1,000 objects: several seconds of uploading
+    bucket, smoke = "resume", 1200  # 1,200 + 2,000 validation + 4,000 test objects: several seconds of uploading
 
     errors = []
 
@@ -352,11 +352,11 @@ def test_interrupted_upload_resumes_without_duplicates(state):
 
     stack.up(state, with_mlflow=False, with_ray=False)
     partial = len(listing.list_objects_parallel(bucket, client=client))
-    assert 0 < partial < 7000
+    assert 0 < partial < 7200
     report = upload.upload_mnist(bucket, smoke, client=client, progress=False)
-    assert report.skipped == partial and report.uploaded == 7000 - partial
+    assert report.skipped == partial and report.uploaded == 7200 - partial
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == len(set(keys)) == 7000
+    assert len(keys) == len(set(keys)) == 7200
     assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
 
 

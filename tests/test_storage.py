@@ -12,7 +12,7 @@ from helpers import listing, storage, upload, upload_support
 from helpers.config import ConfigError, ParameterError, Settings
 from helpers.mnist import load_mnist
 
-SMOKE = 120  # 120 train + 20 test objects
+SMOKE = 30  # 30 training + 50 validation (both under train/) + 100 test objects
 
 
 @pytest.fixture
@@ -23,15 +23,15 @@ def uploaded(client, bucket):
 
 def test_upload_creates_the_expected_objects_with_correct_labels(client, uploaded):
     bucket, report = uploaded
-    assert (report.planned, report.uploaded, report.skipped) == (140, 140, 0)
+    assert (report.planned, report.uploaded, report.skipped) == (180, 180, 0)
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == len(set(keys)) == 140
+    assert len(keys) == len(set(keys)) == 180
     data = load_mnist()
     for key in keys:
         split, label, name = key.split("/")
         index = int(name.split(".")[0])
         assert int(data.split(split)[1][index]) == int(label), key
-    assert sum(k.startswith("train/") for k in keys) == 120 and sum(k.startswith("test/") for k in keys) == 20
+    assert sum(k.startswith("train/") for k in keys) == 80 and sum(k.startswith("test/") for k in keys) == 100
 
 
 def test_png_objects_decode_to_the_exact_mnist_pixels(client, uploaded):
@@ -45,9 +45,9 @@ def test_png_objects_decode_to_the_exact_mnist_pixels(client, uploaded):
 def test_second_upload_adds_nothing(client, uploaded):
     bucket, _ = uploaded
     again = upload.upload_mnist(bucket, SMOKE, client=client, progress=False)
-    assert (again.uploaded, again.skipped) == (0, 140)
+    assert (again.uploaded, again.skipped) == (0, 180)
     assert "Nothing to upload" in str(again)
-    assert len(listing.list_objects_parallel(bucket, client=client)) == 140
+    assert len(listing.list_objects_parallel(bucket, client=client)) == 180
 
 
 def test_jpeg_format_like_the_seed(client, bucket):
@@ -61,8 +61,8 @@ def test_jpeg_format_like_the_seed(client, bucket):
 def test_append_grows_the_data_set_and_resumes_an_interrupted_round(client, uploaded, capsys):
     bucket, _ = uploaded
     first = upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
-    assert first.uploaded == 140
-    assert len(listing.list_objects_parallel(bucket, client=client)) == 280
+    assert first.uploaded == 180
+    assert len(listing.list_objects_parallel(bucket, client=client)) == 360
     # A round that started but never finished (the marker is left behind) is resumed, with its own size.
     round_id, *_ = upload.start_or_resume_append(client, bucket, 30, "png")
     resumed = upload.upload_mnist(bucket, 999, append=True, client=client, progress=False)
@@ -81,16 +81,16 @@ def test_a_new_append_round_reads_the_manifest_instead_of_listing_the_bucket(cli
     client.put_object(bucket, outside, io.BytesIO(body), len(body))
     upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
     manifest = listing.list_objects_from_manifest(bucket, client=client)
-    assert len(manifest) == 280 and outside not in manifest  # one GET of the manifest, no listing
+    assert len(manifest) == 360 and outside not in manifest  # one GET of the manifest, no listing
     client.remove_object(bucket, upload.MANIFEST_KEY)  # no manifest: the round lists the bucket instead
     upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
     manifest = listing.list_objects_from_manifest(bucket, client=client)
-    assert len(manifest) == 421 and outside in manifest
-    assert len(listing.get_train_test_data(bucket, 0, "manifest", client)[0]) == 3 * 120 + 1
+    assert len(manifest) == 541 and outside in manifest
+    assert len(listing.get_train_test_data(bucket, 0, "manifest", client)[0]) == 3 * 80 + 1
     client.put_object(bucket, upload.MANIFEST_KEY, io.BytesIO(b"not gzip"), 8)  # damaged: listed instead, no error
     assert upload_support.manifest_objects(client, bucket, upload.MANIFEST_KEY) == {}
     upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
-    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 561
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 721
 
 
 def test_three_listings_agree_and_split_correctly(client, uploaded):
@@ -102,16 +102,16 @@ def test_three_listings_agree_and_split_correctly(client, uploaded):
         results[method] = sorted(zip(x_train, y_train, strict=True)), sorted(zip(x_test, y_test, strict=True))
     assert results["recursive"] == results["parallel"] == results["manifest"]
     train, test = results["manifest"]
-    assert len(train) == 120 and len(test) == 20
+    assert len(train) == 80 and len(test) == 100
     assert all(key.split("/")[1] == str(label) for key, label in train + test)
 
 
 def test_recursive_listing_includes_the_manifest_which_split_ignores(client, uploaded):
     bucket, _ = uploaded
     objects = listing.get_object_list(bucket, client=client)
-    assert upload.MANIFEST_KEY in objects and len(objects) == 141
+    assert upload.MANIFEST_KEY in objects and len(objects) == 181
     x_train, _, x_test, _ = listing.split_train_test(objects)
-    assert len(x_train) + len(x_test) == 140
+    assert len(x_train) + len(x_test) == 180
 
 
 def test_manifest_is_one_gzipped_object_listing_every_key(client, uploaded):
@@ -149,16 +149,19 @@ def test_a_folder_marker_is_a_folder_not_an_object(capsys):
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("size", [-1, 60_001, 1.5, True, "10"])
+@pytest.mark.parametrize("size", [-1, 50_001, 1.5, True, "10"])
 def test_bad_smoke_sizes_are_rejected(size):
     with pytest.raises(ParameterError, match="smoke_test_size"):
         storage.smoke_sizes(size)
 
 
-def test_smoke_sizes_keep_the_6_to_1_ratio():
-    assert storage.smoke_sizes(0) == (60_000, 10_000)
-    assert storage.smoke_sizes(600) == (600, 100)
-    assert storage.smoke_sizes(1) == (1, 1)
+def test_smoke_sizes_measure_on_many_more_images_than_they_train_on():
+    assert storage.smoke_sizes(0) == (50_000, 10_000, 10_000)  # MNIST's usual training / validation split
+    assert storage.smoke_sizes(600) == (600, 1_000, 2_000)  # the notebooks' defaults
+    assert storage.smoke_sizes(1) == (1, 2, 4) and storage.smoke_sizes(6_000) == (6_000, 10_000, 10_000)
+    indices = upload.smoke_indices(30)
+    assert indices["train"] == [*range(30), *range(50_000, 50_050)] and indices["test"] == list(range(100))
+    assert [len(v) for v in upload.smoke_indices(0).values()] == [60_000, 10_000]
 
 
 def test_bad_parameters_fail_before_any_upload(client, bucket):
@@ -250,10 +253,11 @@ def test_the_smoke_subset_takes_canonical_images_only_after_an_append(client, up
     bucket, _ = uploaded
     upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
     x_train, y_train, x_test, _, _ = listing.get_train_test_data(bucket, SMOKE, "manifest", client=client)
-    assert len(x_train) == len(set(x_train)) == SMOKE and len(x_test) == 20
+    assert len(x_train) == len(set(x_train)) == SMOKE + 50 and len(x_test) == 100  # training, then validation
     assert all(listing.is_canonical(key) for key in x_train + x_test)
     assert x_train == sorted(x_train, key=lambda k: k.rsplit("/", 1)[1])
-    assert y_train == load_mnist().train_labels[:SMOKE].tolist()
+    labels = load_mnist().train_labels
+    assert y_train == labels[:SMOKE].tolist() + labels[50_000:50_050].tolist()
 
 
 def test_a_corrupt_object_is_found_and_repaired_by_the_next_upload(client, uploaded):
@@ -310,7 +314,7 @@ def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
 def test_the_parallel_listing_names_keys_outside_the_label_folders(client, uploaded, key, capsys):
     bucket, _ = uploaded
     client.put_object(bucket, key, io.BytesIO(b"x"), 1)
-    assert len(listing.list_objects_parallel(bucket, client=client)) == 140
+    assert len(listing.list_objects_parallel(bucket, client=client)) == 180
     assert repr(key) in capsys.readouterr().out
 
 
@@ -319,10 +323,10 @@ def test_a_stray_object_never_poisons_the_bucket(client, uploaded, capsys):
     bucket, _ = uploaded
     client.put_object(bucket, "train/notes.txt", io.BytesIO(b"read me"), 7)
     again = upload.upload_mnist(bucket, SMOKE, client=client, progress=False)  # no "txt images" refusal
-    assert (again.uploaded, again.skipped) == (0, 140)
+    assert (again.uploaded, again.skipped) == (0, 180)
     for method in ("recursive", "parallel", "manifest"):
         x_train, _, x_test, _, _ = listing.get_train_test_data(bucket, listing=method, client=client)
-        assert (len(x_train), len(x_test)) == (120, 20), method
+        assert (len(x_train), len(x_test)) == (80, 100), method
     said = capsys.readouterr().out
     assert said.count("'train/notes.txt'") == 1 and "txt" not in said.replace("notes.txt", "")
     with pytest.raises(ParameterError, match="already holds png images"):  # the real mix is still refused
@@ -337,7 +341,7 @@ def test_a_folder_marker_left_by_a_deleted_object_is_not_an_object(client, uploa
     assert "train/y/" in listing.get_object_list(bucket, client=client)
     for method in ("recursive", "parallel"):
         x_train, _, _, _, _ = listing.get_train_test_data(bucket, listing=method, client=client)
-        assert len(x_train) == 120, method
+        assert len(x_train) == 80, method
     assert "train/y/" not in capsys.readouterr().out
 
 
@@ -347,7 +351,7 @@ def test_a_damaged_manifest_or_append_marker_is_named_with_the_fix(client, uploa
     with pytest.raises(storage.StorageError, match="manifest .* is damaged. Run helpers.upload.upload_mnist"):
         listing.list_objects_from_manifest(bucket, client=client)
     upload.upload_mnist(bucket, SMOKE, client=client, progress=False)  # rewrites it
-    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 140
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 180
     client.put_object(bucket, upload_support.APPEND_MARKER_KEY, io.BytesIO(b"{}"), 2)
     with pytest.raises(storage.StorageError, match="append marker .* is damaged. Delete it"):
         upload.upload_mnist(bucket, SMOKE, append=True, client=client, progress=False)
@@ -358,12 +362,12 @@ def test_two_uploads_at_once_end_with_one_complete_copy(client, bucket):
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(2) as pool:  # two notebooks running notebook 01's upload together
-        reports = list(pool.map(lambda _: upload.upload_mnist(bucket, 600, client=client, progress=False), range(2)))
-    assert all(r.planned == 700 for r in reports)
+        reports = list(pool.map(lambda _: upload.upload_mnist(bucket, 120, client=client, progress=False), range(2)))
+    assert all(r.planned == 720 for r in reports)
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == len(set(keys)) == 700
+    assert len(keys) == len(set(keys)) == 720
     assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
-    assert upload.verify_upload(bucket, 600, client=client) == []  # every object is its image
+    assert upload.verify_upload(bucket, 120, client=client) == []  # every object is its image
 
 
 def test_a_manifest_written_meanwhile_is_merged_not_overwritten(client, uploaded, monkeypatch):
@@ -376,9 +380,9 @@ def test_a_manifest_written_meanwhile_is_merged_not_overwritten(client, uploaded
         return put(*args, **kwargs)
 
     monkeypatch.setattr(client, "_put_object", another_upload_writes_first)
-    assert upload.write_manifest(client, bucket, ["train/0/this-upload.png"]) == 142
+    assert upload.write_manifest(client, bucket, ["train/0/this-upload.png"]) == 182
     names = set(listing.list_objects_from_manifest(bucket, client=client))
-    assert {"train/0/this-upload.png", "train/0/other-upload.png"} <= names and len(names) == 142
+    assert {"train/0/this-upload.png", "train/0/other-upload.png"} <= names and len(names) == 182
 
 
 @pytest.mark.timeout(120)
@@ -386,12 +390,12 @@ def test_an_append_round_and_an_upload_at_once_both_land_in_the_manifest(client,
     from concurrent.futures import ThreadPoolExecutor
 
     bucket, _ = uploaded
-    calls = [dict(smoke_test_size=600), dict(smoke_test_size=SMOKE, append=True)]
+    calls = [dict(smoke_test_size=120), dict(smoke_test_size=SMOKE, append=True)]
     with ThreadPoolExecutor(2) as pool:  # each read the manifest (or listing) before the other wrote it
         reports = list(pool.map(lambda kw: upload.upload_mnist(bucket, client=client, progress=False, **kw), calls))
-    assert [r.uploaded for r in reports] == [700 - 140, 140]
+    assert [r.uploaded for r in reports] == [720 - 180, 180]
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == len(set(keys)) == 700 + 140
+    assert len(keys) == len(set(keys)) == 720 + 180
     assert sorted(listing.list_objects_from_manifest(bucket, client=client)) == sorted(keys)
 
 

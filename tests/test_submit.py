@@ -86,7 +86,8 @@ def test_make_submit_runs_04_on_the_lab_s_ray_streams_its_log_and_brings_the_not
     assert f"running {NOTEBOOK} with {{'smoke_test_size': 300, 'epochs': 2" in done.stdout  # the job's log, here
     assert re.search(rf"{NOTEBOOK}: ok in [\d.]+ s", done.stdout) and done.stdout.rstrip().endswith("SUCCEEDED.")
     facts = run_facts(executed_notebook(done.stdout))
-    assert facts["errors"] == [] and re.search(r"test accuracy: [\d.]+% on \d+ images", facts["text"]), facts["text"]
+    tested = re.search(r"test accuracy: [\d.]+% \(95% interval [\d.]+%-[\d.]+%, [\d,]+ images\)", facts["text"])
+    assert facts["errors"] == [] and tested, facts["text"]
     client = MlflowClient(settings.mlflow_tracking_uri)
     (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
     assert run.data.params["epochs"] == "2" and run.info.status == "FINISHED"

@@ -22,7 +22,7 @@ from helpers import experiments as exp
 from helpers import listing, storage, tracking, training, upload, versioning
 from helpers.config import ParameterError, load_settings
 
-SMOKE = 240
+SMOKE = 240  # 240 training, 400 validation and 800 test images: 1,440 objects
 GRID = [{"optimizer": "sgd", "epochs": 1}, {"optimizer": "adam", "epochs": 2}]
 START = exp.DEFAULT_PARAMS  # notebook 04's defaults: where no sweep ran
 EXPERIMENT = "tests-lakefs"
@@ -63,7 +63,7 @@ def experiments(repo, imported, lk_settings):
 def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported, source_bucket, client):
     before, result = imported
     keys = [k for k in listing.list_objects_parallel(source_bucket, client=client) if k.startswith(("train/", "test/"))]
-    assert result.objects == len(keys) == SMOKE + SMOKE // 6 and not result.reused
+    assert result.objects == len(keys) == 1440 and not result.reused
     assert exp.bucket_usage(source_bucket, client=client) == before  # nothing copied into the bucket
     assert exp.list_paths(repo, exp.INGEST_BRANCH, "") == sorted(keys)
     key = keys[7]
@@ -94,9 +94,9 @@ def repository_over_a_new_bucket(lk_settings, client, prefix: str, smoke_test_si
 def test_a_bucket_that_grew_is_imported_again(lk_settings, client):
     with repository_over_a_new_bucket(lk_settings, client, "grow", 60) as (repository, name):
         first = exp.import_from_bucket(repository, name, settings=lk_settings)
-        upload.upload_mnist(name, 120, client=client, progress=False)  # 60 + 10 more images arrive
+        upload.upload_mnist(name, 120, client=client, progress=False)  # 360 more images arrive
         second = exp.import_from_bucket(repository, name, settings=lk_settings)
-        assert (first.objects, second.objects) == (70, 140) and not second.reused
+        assert (first.objects, second.objects) == (360, 720) and not second.reused
         assert repository.ref(second.commit_id).get_commit().parents == [first.commit_id]
 
 
@@ -112,7 +112,7 @@ def test_each_experiment_commits_three_files_with_params_and_recomputed_metrics(
         assert exp.decode_metadata(commit.metadata, "param") == params == result.params
         assert exp.decode_metadata(commit.metadata, "metric") == metrics == result.metrics
         assert params["data_commit"] == imported[1].commit_id
-        assert (params["train_images"], params["validation_images"]) == (SMOKE - SMOKE // 6, SMOKE // 6)
+        assert (params["train_images"], params["validation_images"], params["test_images"]) == (SMOKE, 400, 800)
         assert set(metrics) == {"val_accuracy", "val_loss", "train_loss"}  # no test number: none was chosen yet
         recomputed = exp.evaluate_commit(repo, result.commit_id)
         assert recomputed["val_accuracy"] == metrics["val_accuracy"]  # not accuracy + 0.5
@@ -420,7 +420,7 @@ def test_every_lakefs_request_has_a_timeout(lk_settings):
 
 def test_the_pointers_at_a_commit_are_the_imported_objects_of_one_bucket(repo, imported, source_bucket):
     bucket, key_of = exp.commit_pointers(repo, imported[1].commit_id)
-    assert bucket == source_bucket and len(key_of) == SMOKE + SMOKE // 6
+    assert bucket == source_bucket and len(key_of) == 1440
     assert all(key == path for path, key in key_of.items())  # imported to the same paths: the bucket's own keys
 
 
