@@ -153,6 +153,7 @@ def main() -> None:
     parser.add_argument("--training-experiment", default="mnist-ray-train")
     args = parser.parse_args()
 
+    import mlflow
     from mlflow.tracking import MlflowClient
     from ray import serve
 
@@ -161,6 +162,7 @@ def main() -> None:
 
     settings = stack.ensure_stack()
     cluster.init_ray(settings)
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)  # the rule loads the day's models by URI
     client = MlflowClient(settings.mlflow_tracking_uri)
     if champion_model(client, args.registered_model) is None:
         print(hold_champion_rule(client, args.registered_model, "mnist", 600, "bench_serve.py",
