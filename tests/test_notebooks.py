@@ -114,7 +114,7 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
     # history in the last checkpoint marks epoch 5 as where a restart began.
     assert facts["injected failure in epoch"] == 7 and facts["resumed from the checkpoint of epoch"] == 5
     assert facts["epochs"] == 10 and facts["last epoch loss"] < facts["first epoch loss"]
-    assert facts["test accuracy"] > 0.6 and facts["test images"] == 1000
+    assert facts["test accuracy"] > 0.5 and facts["test images"] == 1000  # 300 training images (chance: 0.1)
     assert (facts["training images"], facts["validation images"]) == (300, 500)
     assert facts["checkpoint"].startswith(f"s3://{bucket}/ray-results/")
     uri, run_id = settings.mlflow_tracking_uri, facts["MLflow run id"]

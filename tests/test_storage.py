@@ -53,7 +53,7 @@ def test_second_upload_adds_nothing(client, uploaded):
 def test_jpeg_format_like_the_seed(client, bucket):
     upload.upload_mnist(bucket, 12, image_format="jpeg", client=client, progress=False)
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == 14 and all(k.endswith(".jpeg") for k in keys)
+    assert len(keys) == 12 + 20 + 40 and all(k.endswith(".jpeg") for k in keys)
     image = listing.fetch_image(bucket, "train/5/00000.jpeg", client=client)
     assert np.abs(image.astype(int) - load_mnist().train_images[0]).mean() < 3  # lossy but close
 
@@ -67,11 +67,11 @@ def test_append_grows_the_data_set_and_resumes_an_interrupted_round(client, uplo
     round_id, *_ = upload.start_or_resume_append(client, bucket, 30, "png")
     resumed = upload.upload_mnist(bucket, 999, append=True, client=client, progress=False)
     assert "Resuming" in capsys.readouterr().out
-    assert resumed.planned == 35
+    assert resumed.planned == 180
     keys = listing.list_objects_parallel(bucket, client=client)
-    assert len(keys) == len(set(keys)) == 315
+    assert len(keys) == len(set(keys)) == 540
     assert upload_support.APPEND_MARKER_KEY not in listing.get_object_list(bucket, client=client)
-    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 315
+    assert len(listing.list_objects_from_manifest(bucket, client=client)) == 540
 
 
 def test_a_new_append_round_reads_the_manifest_instead_of_listing_the_bucket(client, uploaded):
@@ -125,8 +125,9 @@ def test_smoke_subset_is_the_first_images_in_mnist_order(client, uploaded):
     bucket, _ = uploaded
     x_train, y_train, x_test, y_test, _ = listing.get_train_test_data(bucket, smoke_test_size=6, client=client)
     assert x_train[:3] == ["train/5/00000.png", "train/0/00001.png", "train/4/00002.png"]
-    assert y_train == [5, 0, 4, 1, 9, 2]
-    assert x_test == ["test/7/00000.png"] and y_test == [7]
+    assert y_train[:6] == [5, 0, 4, 1, 9, 2] and len(x_train) == 6 + 10  # the first training images, then
+    assert [int(key[-9:-4]) for key in x_train[6:]] == list(range(50_000, 50_010))  # the first validation ones
+    assert x_test[0] == "test/7/00000.png" and y_test[0] == 7 and len(x_test) == 20
 
 
 def test_split_parses_labels_by_path_segment_not_position():
@@ -268,7 +269,7 @@ def test_a_corrupt_object_is_found_and_repaired_by_the_next_upload(client, uploa
     client.put_object(bucket, "train/0/00001.png", io.BytesIO(truncated), len(truncated))
     assert upload.verify_upload(bucket, SMOKE, client=client) == ["train/0/00001.png", key]
     report = upload.upload_mnist(bucket, SMOKE, client=client, progress=False)
-    assert (report.uploaded, report.repaired, report.skipped) == (2, 2, 138)
+    assert (report.uploaded, report.repaired, report.skipped) == (2, 2, 178)
     assert "replaced a damaged object" in str(report)
     np.testing.assert_array_equal(listing.fetch_image(bucket, key, client=client), load_mnist().train_images[0])
     assert upload.verify_upload(bucket, SMOKE, client=client) == []

@@ -177,7 +177,7 @@ def test_promote_merges_the_winner_into_main_and_tags_it(repo, experiments):
     assert first.tag == "model-v1" and repo.tag("model-v1").get_commit().id == first.merge_commit
     assert repo.branch("main").get_commit().id == first.merge_commit
     assert exp.read_json(repo, "main", exp.METRICS_PATH) == experiments[1].metrics
-    assert len(exp.list_paths(repo, "model-v1", "train/")) == SMOKE
+    assert len(exp.list_paths(repo, "model-v1", "train/")) == SMOKE + 400  # training and validation images
     second = exp.promote(repo, experiments[0].branch)  # the new winner replaces the old one's files
     assert second.tag == "model-v2"
     assert exp.read_json(repo, "model-v2", exp.METRICS_PATH) == experiments[0].metrics
