@@ -134,6 +134,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return NotebooksTogether(config, log)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Every test, nbval's cells too, holds the machine shared (``tests/machine_share.py``)."""
+    from tests.machine_share import run_folder, sharing
+
+    with sharing(run_folder(item.config)):
+        return (yield)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before nbval starts a notebook's kernel (which copies this process's environment): the stack, and lakeFS."""
