@@ -21,9 +21,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -73,15 +75,17 @@ def exit_with_parent() -> None:
 
 # --- JupyterLab ----------------------------------------------------------------
 
-def jupyter_command(port: int, notebook_dir: Path, as_root: bool) -> list[str]:
+def jupyter_command(port: int, notebook_dir: Path, as_root: bool, kernel_sockets: Path) -> list[str]:
     """The JupyterLab server's command line: 127.0.0.1 only, no browser, these notebooks.
 
     Its token is not on it: every user of the machine can read a process's command line (``ps``), so the
-    token goes in a file only its owner can read (:func:`start_jupyter`).
+    token goes in a file only its owner can read (:func:`start_jupyter`). Its kernels talk over Unix sockets
+    in ``kernel_sockets`` (mode 0700): over TCP any user could subscribe to their output (IOPub has no key).
     """
     command = [sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
                "--ServerApp.port_retries=0",
                f"--ServerApp.root_dir={notebook_dir}",
+               "--KernelManager.transport=ipc", f"--KernelManager.ip={kernel_sockets / 'kernel'}",
                # No calls home (workshops may be offline): no news feed, no check for a newer JupyterLab.
                "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     return command + (["--allow-root"] if as_root else [])  # JupyterLab refuses to start as root without it
@@ -129,17 +133,19 @@ def last_log_line(log_path: Path) -> str:
 
 def wait_until_answers(proc: subprocess.Popen, port: int, token: str, log_path: Path,
                        timeout: float = 120.0) -> None:
-    """Return once JupyterLab answers on ``port`` to ``token``.
+    """Return once JupyterLab answers on ``port`` to ``token``, sent only once JupyterLab itself listens there.
 
     Raises:
         LabError: it exited first (the message is its last log line), or did not answer in time.
     """
     deadline = time.monotonic() + timeout
-    # Its status needs this lab's token: another user's JupyterLab on the same port refuses it.
     ours = urllib.request.Request(f"http://127.0.0.1:{port}/api/status", headers={"Authorization": f"token {token}"})
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LabError(f"JupyterLab exited at start: {last_log_line(log_path)} (log: {log_path})")
+        if not ray_service.listens_under(proc.pid, port):  # not yet bound, or another program's: no token
+            time.sleep(0.3)
+            continue
         try:
             with urllib.request.urlopen(ours, timeout=2):
                 return
@@ -421,11 +427,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster_address = load_settings().ray_address
         if not cluster_address:  # before anything starts: a lab that may not restart the stack's Ray starts nothing
             refuse_to_stop_jobs(state, ports["dashboard"])
-        token = secrets.token_hex(16)
         log_path = state / "logs" / "jupyterlab.log"
         if not args.no_jupyter:  # first: a JupyterLab that cannot start costs no Ray restart
             on_a_free_port("jupyter", ports, args.jupyter_port, lambda port: jupyter_answering(
-                port, token, args.notebook_dir, log_path, state, started))
+                port, args.notebook_dir, log_path, state, started))
+        token = started.get("token") or secrets.token_hex(16)
         dashboard = sign_in = None
         if cluster_address:
             settings = stack.ensure_stack()
@@ -452,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         clean_up(state, started.get("jupyter"), started.get("sign_in"), restore)
+        if "kernel_sockets" in started:
+            shutil.rmtree(started["kernel_sockets"], ignore_errors=True)
 
 
 def on_a_free_port(name: str, ports: dict[str, int], given: int | None, start):
@@ -472,17 +480,21 @@ def on_a_free_port(name: str, ports: dict[str, int], given: int | None, start):
     raise AssertionError("unreachable")
 
 
-def jupyter_answering(port: int, token: str, notebook_dir: Path | None, log_path: Path, state: Path,
+def jupyter_answering(port: int, notebook_dir: Path | None, log_path: Path, state: Path,
                       started: dict[str, object]) -> subprocess.Popen:
     """JupyterLab started (``--allow-root`` for root, said in one line) and answering on ``port``.
 
-    It goes into ``started`` as soon as it runs, so a Ctrl-C while it starts up stops it too.
+    It goes into ``started`` as soon as it runs, so a Ctrl-C while it starts up stops it too; with a new
+    token (``started["token"]``) on each attempt, as one sent to a port another program took is spent.
     """
     as_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if as_root:
         print("Running as root: JupyterLab starts with --allow-root (it refuses root otherwise).")
     folder = (notebook_dir or project_root() / "notebooks").resolve()
-    jupyter = started["jupyter"] = start_jupyter(jupyter_command(port, folder, as_root), token, log_path, state)
+    sockets = started.get("kernel_sockets") or Path(tempfile.mkdtemp(prefix="lab-kernels-"))  # short paths
+    token = started["token"] = secrets.token_hex(16)
+    started["kernel_sockets"], command = sockets, jupyter_command(port, folder, as_root, sockets)
+    jupyter = started["jupyter"] = start_jupyter(command, token, log_path, state)
     wait_until_answers(jupyter, port, token, log_path)
     return jupyter
 

@@ -142,6 +142,97 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
     assert_cleaned_up(ports)
 
 
+def test_a_lab_kernel_talks_over_unix_sockets_only_its_learner_can_open_and_no_port_gives_its_output(settings):
+    """Over Jupyter's default TCP, any user could subscribe to a kernel's output (IOPub needs no key to listen).
+    Under make lab the kernel's channels are Unix sockets in a folder only the learner can open; a SUB socket
+    on every TCP port the kernel listens on reads nothing while the kernel prints."""
+    import json
+
+    import zmq
+    from jupyter_client import BlockingKernelClient
+
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    proc, lines = start(ports)
+    try:
+        url = printed_url(lines, "JupyterLab")
+        token = re.search(r"token=(\w+)", url)[1]
+        request = urllib.request.Request(f"http://127.0.0.1:{ports['jupyter']}/api/kernels", data=b"{}",
+                                         headers={"Authorization": f"token {token}"}, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            assert answer.status == 201
+        jupyter = stack.remembered_process(state(), lab_module.JUPYTER_RECORD)
+        deadline, kernel = time.monotonic() + 60, None
+        while kernel is None and time.monotonic() < deadline:
+            kernel = next((p for p in jupyter.children(recursive=True) if "ipykernel" in " ".join(p.cmdline())), None)
+            time.sleep(0.2)
+        assert kernel is not None, "the kernel started"
+        connection_file = kernel.cmdline()[kernel.cmdline().index("-f") + 1]
+        info = json.loads(Path(connection_file).read_text())
+        assert info["transport"] == "ipc"
+        sockets = Path(info["ip"]).parent
+        assert sockets.stat().st_uid == os.getuid() and sockets.stat().st_mode & 0o077 == 0
+
+        client = BlockingKernelClient(connection_file=connection_file)
+        client.load_connection_file()
+        client.start_channels()
+        client.wait_for_ready(timeout=60)
+        context = zmq.Context()
+        listeners = []
+        for connection in kernel.net_connections("tcp"):  # ipykernel's inbox for its subprocesses' output, if any
+            if connection.status == psutil.CONN_LISTEN:
+                sub = context.socket(zmq.SUB)
+                sub.setsockopt(zmq.SUBSCRIBE, b"")
+                sub.connect(f"tcp://127.0.0.1:{connection.laddr.port}")
+                listeners.append(sub)
+        time.sleep(1)  # connected before the kernel prints
+        client.execute("print('what the learner printed')")
+        printed = ""
+        while "what the learner printed" not in printed:  # the learner's own client, over the Unix sockets, hears it
+            message = client.get_iopub_msg(timeout=30)
+            printed += message["content"].get("text", "")
+        heard = [sub.recv(zmq.NOBLOCK) for sub in listeners if sub.poll(2000)]
+        assert heard == [], "a TCP port of the kernel gave its output"
+        client.stop_channels()
+        for sub in listeners:
+            sub.close(linger=0)
+        context.term()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert finish(proc, lines) == 0
+    assert not sockets.exists(), "the sockets' folder goes with the lab"
+
+
+def test_jupyterlab_s_token_goes_only_to_a_port_jupyterlab_itself_listens_on(tmp_path):
+    """While JupyterLab starts, any program may hold its port. The lab waits for JupyterLab to answer: it must not
+    send the token to whatever answers there first."""
+    import http.server
+    import threading
+
+    heard: list[dict] = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            heard.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a JupyterLab yet to bind
+    try:
+        with pytest.raises(lab_module.LabError, match="did not answer"):
+            lab_module.wait_until_answers(starting, impostor.server_address[1], "the-token", tmp_path / "log",
+                                          timeout=3)
+    finally:
+        starting.kill()
+        starting.wait()
+        impostor.shutdown()
+    assert heard == [], "the token went to a port JupyterLab does not listen on"
+
+
 def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(settings):
     ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
     ray_before = ray_service.read_service(state())
