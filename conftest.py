@@ -40,6 +40,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 _SESSION_SIGINT = signal.default_int_handler
 
 _SESSION: dict[str, object] = {}
+REUSE_STACK_ENV = "TUTORIAL_TEST_REUSE_STACK"  # tests/test_nbval_again.py: nbval again on the first run's stack
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
 # The same floating-point results on any x86 machine with AVX2, for the seeded accuracies nbval compares; set
 # before the stack's Ray starts, whose workers inherit them.
@@ -58,9 +59,13 @@ def session_stack() -> Path | None:
     from helpers import stack
     from helpers.config import load_settings
 
-    state = Path(tempfile.mkdtemp(prefix="stack-test-"))
+    if os.environ.get(REUSE_STACK_ENV):  # another test process's running stack: used, neither started nor stopped
+        state = Path(os.environ[REUSE_STACK_ENV])
+        _SESSION["reused"] = state
+    else:
+        state = _SESSION["state"] = Path(tempfile.mkdtemp(prefix="stack-test-"))  # stopped at the end, even if up fails
+        stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)))
     _SESSION["state"] = state
-    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)))
     # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
     # as a learner's notebook finds .stack: the notebooks say "embedded stack", as in their committed outputs.
     os.environ["STACK_STATE_DIR"] = str(state)
@@ -101,6 +106,9 @@ LONGEST_MODULES = ("test_browser", "test_shared_server", "test_serving", "test_n
                    "test_versioning", "test_lab")
 
 
+NBVAL_AGAIN = "tests/test_nbval_again.py"  # nbval a second time on the stack of the first: right after it
+
+
 def _is_notebook(item: pytest.Item) -> bool:
     return item.path.suffix == ".ipynb"
 
@@ -108,6 +116,8 @@ def _is_notebook(item: pytest.Item) -> bool:
 def _module_rank(item: pytest.Item) -> tuple[int, str]:
     if _is_notebook(item):  # nbval's cells: first, on a fresh stack, notebook after notebook
         return -1, item.path.name
+    if item.nodeid.startswith(NBVAL_AGAIN):
+        return -1, "~"  # after every notebook's name
     name = item.path.stem
     return (LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)), ""
 
@@ -121,7 +131,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadfile``, except that the notebooks nbval runs are one unit of work.
 
     One process runs them all, in order, as ``make notebooks`` did: a notebook can depend on the models the
-    ones before it made.
+    ones before it made. Then, in the same process, nbval runs them again on the same stack.
     """
     if config.getoption("dist") != "loadfile":
         return None
@@ -129,7 +139,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class NotebooksTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "notebooks" if nodeid.startswith("notebooks/") else super()._split_scope(nodeid)
+            together = nodeid.startswith(("notebooks/", NBVAL_AGAIN))
+            return "notebooks" if together else super()._split_scope(nodeid)
 
     return NotebooksTogether(config, log)
 
@@ -156,7 +167,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if server is not None:
         server.__exit__(None, None, None)
     state = _SESSION.get("state")
-    if isinstance(state, Path):
+    if isinstance(state, Path) and "reused" not in _SESSION:
         from helpers import stack
 
         stack.down(state)
