@@ -517,7 +517,7 @@ def champion_if_better(mlflow_client, version, images, labels, name: str = REGIS
     return new, old, moved
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 93 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 94 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -542,7 +542,7 @@ class Reproduction:
                 f"{self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 95 (id 8d4cb7e5).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 96 (id 8d4cb7e5).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings | None = None) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 

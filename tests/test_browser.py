@@ -381,6 +381,56 @@ def test_interrupting_04_s_fit_is_one_line_and_the_notebook_then_runs_again_clea
     check_run(page, path)
 
 
+def run_cell(page, text: str):
+    """Select the code cell that shows ``text`` and run it from the toolbar; returns the cell, once it runs."""
+    cell = page.locator(".jp-Notebook .jp-CodeCell", has_text=text).first
+    cell.locator(".jp-InputPrompt").click()
+    page.click("[data-command='notebook:run-cell-and-select-next']")
+    cell.locator(".jp-InputPrompt", has_text="[*]").wait_for(timeout=30_000)
+    return cell
+
+
+def interrupted_line(page, cell, after: float) -> str:
+    """Press Interrupt ``after`` seconds into ``cell``'s run; the one line the cell then shows."""
+    page.wait_for_timeout(after * 1000)
+    assert cell.locator(".jp-InputPrompt", has_text="[*]").count() == 1, "the cell still runs when interrupted"
+    page.click("[data-command='notebook:interrupt-kernel']")
+    cell.locator(".jp-OutputArea-output", has_text="Interrupted:").wait_for(timeout=90_000)
+    wait_for_idle_kernel(page)
+    shown = [text.strip() for text in cell.locator(".jp-OutputArea-output").all_inner_texts()]
+    lines = [text for text in shown if "Interrupted:" in text]
+    assert len(lines) == 1 and lines[0].count("\n") == 0, shown
+    assert not [text for text in shown if "Traceback" in text or "SystemExit" in text], shown
+    return lines[0]
+
+
+def test_interrupting_07_s_pipeline_and_08_s_roll_is_one_line_each_and_champion_stays(lab, page, settings):
+    """After 07 and 08 ran in the lab (their kernels still up): Interrupt in the middle of 07's Ray Data
+    prediction, and of 08's roll under load. One line each; after 08's, ``@champion`` is where the line says
+    and ``@challenger`` is gone."""
+    from mlflow.tracking import MlflowClient
+
+    base, token = lab.jupyter
+    page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/07_batch_inference.ipynb?reset&token={token}")
+    wait_for_idle_kernel(page)
+    line = interrupted_line(page, run_cell(page, "predict_pointers(test_keys, test_labels"), after=4)
+    assert line == ("Interrupted: The pipeline stopped: you interrupted it. Its actors are stopped; run the cell "
+                    "again to predict under a new run name."), line
+
+    page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/08_serve_the_champion.ipynb?reset&token={token}")
+    wait_for_idle_kernel(page)
+    challenger = run_cell(page, 'set_registered_model_alias(registered_model, "challenger"')
+    challenger.locator(".jp-InputPrompt", has_text="[*]").wait_for(state="detached", timeout=120_000)
+    line = interrupted_line(page, run_cell(page, 'rolled_back_if_stopped("The roll"'), after=3)
+    where = re.fullmatch(r"Interrupted: The roll stopped: you interrupted it\. The deployment serves @champion "
+                         r"\(version (\d+)\) again, and @challenger is removed\.", line)
+    assert where, line
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    aliases = client.get_registered_model("mnist-classifier").aliases
+    assert aliases == {"champion": where[1]}, aliases
+    shoot(page, "lab-08-roll-interrupted", "Roll to another version, under load")
+
+
 def wait_for_epochs(settings, run_id: str, count: int, timeout: float = 300) -> None:
     """Wait until MLflow holds ``count`` epochs of run ``run_id``: its fit is surely training then."""
     from mlflow.tracking import MlflowClient

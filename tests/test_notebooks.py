@@ -2,6 +2,7 @@
 
 import ast
 import json
+import re
 
 import pytest
 
@@ -90,6 +91,11 @@ def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
     # the pid-stamped log: tasks ran in Ray's worker processes, and each of the two actors got batches
     assert facts["task processes"] >= 1 and facts["actor processes"] == 2
     assert all(facts[f"{name} images/s"] > 0 for name in ("tasks", "actors", "read_images", "parquet"))
+    # exercise 2's answer: most pixels are background (-1), which pulls the mean far below 0
+    said = solution_output(tmp_path / "03_ray_data_preprocessing.ipynb", 2)
+    printed = re.fullmatch(r"mean (-?[\d.]+); background \(-1\.0\): (\d+)% of the pixels", said.strip())
+    mean, background = printed.groups()
+    assert float(mean) < -0.5 and int(background) > 50, said
     # exercise 3's answer: the learner's step after the actors is an operator of its own, not fused into them
     said = solution_output(tmp_path / "03_ray_data_preprocessing.ipynb", 3)
     operators = ast.literal_eval(said.split("operators that ran: ", 1)[1].strip())  # the printed list of names
@@ -156,7 +162,7 @@ def _assert_the_hardest_digit_answer(said: str, served, images, labels) -> None:
     assert f"hardest: {hardest} (" in said and f"most often taken for: {tied} ({wrong.max()} times each)" in said, said
 
 
-def test_05_sweeps_from_the_known_good_point_and_finds_a_better_one(bucket, tmp_path, settings):
+def test_05_sweeps_from_the_known_good_point_and_keeps_it_unless_clearly_beaten(bucket, tmp_path, settings):
     """At the defaults (600 images, 8 trials of 10 epochs), with every exercise's solution."""
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -166,9 +172,15 @@ def test_05_sweeps_from_the_known_good_point_and_finds_a_better_one(bucket, tmp_
     experiment = f"t-05-{bucket[2:12]}"
     facts = run("05", tmp_path, bucket=bucket, experiment=experiment)
     assert facts["trials"] == 8 and facts["first trial is the known-good point"] is True
-    # the search space holds configurations better than the starting point, and the sweep finds one
-    assert facts["best is the known-good point"] is False
-    assert facts["best val_accuracy"] > facts["known-good val_accuracy"]
+    # the starting point is one of the trials: the sweep's best is at least as good; it replaces the starting
+    # point only when clearly better on the validation images (the intervals apart), else a tie keeps it
+    assert facts["sweep's best val_accuracy"] >= facts["known-good val_accuracy"]
+    if facts["clearly better than the known-good point"]:
+        assert facts["best is the known-good point"] is False
+        assert facts["best val_accuracy"] == facts["sweep's best val_accuracy"]
+    else:
+        assert facts["best is the known-good point"] is True
+        assert facts["best val_accuracy"] == facts["known-good val_accuracy"]
     assert 0 < facts["test_accuracy"] <= 1
     assert facts["trials stopped early"] >= 1, "ASHA stops trials at its rungs"
     children = sweeps.child_runs(settings.mlflow_tracking_uri, facts["MLflow parent run id"])

@@ -1,12 +1,13 @@
 """Notebooks 06 and 07 executed by papermill with smoke parameters (apart from 01-05: the longest runs)."""
 
+import ast
 import json
 
 import pytest
 
 from conftest import lakefs_images
 from helpers import listing, runner
-from tests.notebook_runs import assert_lineage, load_test_images, run
+from tests.notebook_runs import assert_lineage, load_test_images, run, solution_output
 
 pytestmark = pytest.mark.notebook
 
@@ -112,6 +113,9 @@ def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket,
     assert facts["recorded test_accuracy"] == facts["test_accuracy from the Parquet"]  # what notebook 04 logged
     assert sorted(table["key"].to_pylist()) == sorted(listing.get_train_test_data(bucket, 300, "manifest")[2])
     assert facts["driver predictions equal"] is True and facts["wrong"] == round((1 - recomputed) * 1000)
+    # exercise 3: on the 300 images it trained on (no validation image among them), the model does better
+    by_split = ast.literal_eval(solution_output(tmp_path / "07_batch_inference.ipynb", 3).strip())
+    assert set(by_split) == {"train", "test"} and by_split["train"] > by_split["test"], by_split
 
 
 def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bucket, tmp_path, monkeypatch):
