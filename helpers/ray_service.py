@@ -83,6 +83,38 @@ def _agent_port_of_its_own() -> None:
     parameter.RayParams = RayParams
 
 
+def private_token() -> None:
+    """Ray's token file there (a Ray told to use tokens makes none) and readable by its owner only.
+
+    One others could read (0644, as a Ray started outside the stack writes it) may have been read: replaced.
+    """
+    from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+
+    from helpers.files import write_private
+
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file() and not path.stat().st_mode & 0o077:
+        return
+    if path.is_file():
+        print(f"Ray's token {path} could be read by other users of this machine: replaced.", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_private(path, generate_new_authentication_token())
+
+
+def refuses_clients_without_token(address: str, timeout: float = 10.0) -> bool:
+    """Whether the Ray at ``address`` refuses a call that carries no token, as token authentication must."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
+                gcs_service_pb2.InternalKVGetRequest(key=b"-", namespace=b"-"), timeout=timeout)
+        except grpc.RpcError as err:
+            return err.code() == grpc.StatusCode.UNAUTHENTICATED
+    return False
+
+
 def _temp_folder_of_its_own(state: Path) -> None:
     """A temporary folder no other Ray of the machine shares (``RAY_TMPDIR``, which its workers inherit).
 
@@ -105,7 +137,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     import ray
     from ray._private.utils import write_ray_address
 
-    from helpers import timings, worker_env
+    from helpers import cluster, timings, worker_env
     from helpers.config import load_settings
     from helpers.files import write_private
 
@@ -121,13 +153,19 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     os.environ.update(env)  # what every worker this Ray starts inherits
     # A submitted job's entrypoint (`python -m ...`, make submit) finds this environment's Python first.
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    # Ray's own default for a new local cluster is token authentication (RAY_AUTH_MODE=token, the token in
-    # ~/.ray/auth_token): kept, so another user of this machine can neither join this Ray nor use its dashboard.
+    # Token authentication whatever the environment says (a RAY_AUTH_MODE=disabled left there would open this
+    # Ray to every user of the machine), so that another user can neither join it nor use its dashboard.
+    private_token()
+    cluster.use_token_auth()
     _temp_folder_of_its_own(state)
     _agent_port_of_its_own()
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard_port is not None,
              dashboard_host="127.0.0.1", dashboard_port=dashboard_port, log_to_driver=False,
              logging_level=logging.ERROR)
+    if not refuses_clients_without_token(ray.get_runtime_context().gcs_address):
+        ray.shutdown()
+        sys.exit("error: Ray started without token authentication, open to every user of this machine, and was "
+                 "stopped. Unset RAY_AUTH_MODE, or set it to token, and run `python -m helpers.stack up` again.")
     # The address file "auto" reads (`ray start` writes one, `ray.init` does not; its name is Ray's business).
     write_ray_address(ray.get_runtime_context().gcs_address, ray._private.worker._global_node.get_temp_dir_path())
     dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None

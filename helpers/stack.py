@@ -250,15 +250,20 @@ def orphans(state: Path, service: str) -> list[psutil.Process]:
 
 def stop_orphans(state: Path, service: str, timeout: float = 10.0) -> int:
     """Stop what :func:`orphans` finds of ``service`` (SIGTERM, then SIGKILL); how many processes there were."""
-    found = left = orphans(state, service)
+    found = orphans(state, service)
+    _terminate(found, timeout)
+    return len(found)
+
+
+def _terminate(procs: list[psutil.Process], timeout: float) -> None:
+    """SIGTERM ``procs``, and SIGKILL those still running after ``timeout``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for proc in left:
+        for proc in procs:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.send_signal(sig)
-        left = _wait_stopped(left, timeout)
-        if not left:
-            break
-    return len(found)
+        procs = _wait_stopped(procs, timeout)
+        if not procs:
+            return
 
 
 def remembered_process(state: Path, name: str) -> psutil.Process | None:
@@ -613,6 +618,11 @@ def _volume_server_registered(master_port: int, volume_port: int) -> bool:
 def _healthy(service: str, state: Path, url: str) -> bool:
     if service == "ray":
         return ray_service.read_service(state) is not None
+    # Any user may bind a port the moment it is free: nothing, credentials least of all, goes to a port that
+    # the service's recorded process (or one it started) does not listen on.
+    proc = _running(state, service)
+    if proc is None or not ray_service.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
+        return False
     ports = _saved_ports(state)
     return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
         service != "seaweedfs" or _volume_server_registered(ports["master"], ports["volume"])) and _knows_our_keys(
@@ -935,13 +945,7 @@ def stop_group(proc: psutil.Process, timeout: float, leader_first: bool = False)
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.terminate()
         members = [member for member in _wait_stopped(members, timeout, [proc]) if member.pid != proc.pid]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for member in members:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.send_signal(sig)
-        members = _wait_stopped(members, timeout)
-        if not members:
-            return
+    _terminate(members, timeout)
 
 
 def _wait_stopped(procs: list[psutil.Process], timeout: float, until: list | None = None) -> list[psutil.Process]:

@@ -151,8 +151,10 @@ def test_helpers_stay_thin_plumbing():
     # endpoint key, request checks, first champion and load generator (08); each stack's Ray in a temporary
     # folder of its own, where a submitted job finds it; a roll that an interrupt undoes (08); the room's environment
     # (no telemetry, no pickled models); every body the endpoint cannot use refused before it is decoded; the
-    # stack's Ray record proven by the process that listens on its address
-    assert lines <= 6495, f"hand-written helpers hold {lines} lines"
+    # stack's Ray record proven by the process that listens on its address; the lab's kernels on private sockets,
+    # its token sent only to its own socket; the stack's Ray in token mode whatever the environment, its token file
+    # private, a token-less client's refusal checked at start; no request to a port its service does not hold
+    assert lines <= 6540, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

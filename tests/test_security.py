@@ -186,3 +186,83 @@ def test_a_remembered_ray_address_counts_only_while_the_stacks_own_process_liste
         with pytest.raises(BlockingIOError):
             impostor.accept()  # nothing knocked
         assert recorded(address=address, pid=os.getpid()) is not None, "the port held by the recorded process"
+
+
+def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environment_says(state, tmp_path):
+    """``RAY_AUTH_MODE=disabled`` in the learner's environment, and a token file other users can read (as a Ray
+    started outside the stack writes it, 0644): the stack's Ray uses tokens all the same, with a new token only
+    its owner can read, and it checks at start that a client without the token is refused."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from helpers import ray_service, stack
+    from helpers.config import project_root
+
+    assert ray_service.refuses_clients_without_token(ray_service.read_service(state)["address"])  # the session's
+    own = tmp_path / "state"  # a Ray of this test's own, with the session stack's services
+    own.mkdir(mode=0o700)
+    for name in ("stack.env", "mlflow-auth.json"):
+        shutil.copy(state / name, own / name)
+    token = tmp_path / "home" / ".ray" / "auth_token"
+    token.parent.mkdir(parents=True)
+    token.write_text("read-by-anyone")
+    token.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.update(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled",
+               **{ray_service.PORT_ENV: str(stack.free_ports(["ray"])["ray"])})
+    ray = subprocess.Popen([sys.executable, "-m", "helpers.ray_service", "--state", str(own), "--num-cpus", "1"],
+                           env=env, cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines, deadline = [], time.monotonic() + 180
+        while not any(line.startswith("Ray is up at") for line in lines) and time.monotonic() < deadline:
+            line = ray.stdout.readline()
+            assert line, "the Ray service ended:\n" + "".join(lines[-20:])
+            lines.append(line)
+        assert any("could be read by other users of this machine: replaced." in line for line in lines), lines
+        assert token.stat().st_mode & 0o077 == 0 and token.read_text() != "read-by-anyone"
+        info = json.loads((own / ray_service.SERVICE_FILE).read_text())
+        assert info["auth"] == "token" and ray_service.refuses_clients_without_token(info["address"])
+    finally:
+        ray.terminate()
+        ray.wait(timeout=60)
+
+
+def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state, tmp_path):
+    """Between choosing a port and MLflow binding it (about ten seconds), or after MLflow died, any user may hold the
+    port. The stack asks whether MLflow is up, and whether it takes the stack's password; the impostor must hear
+    neither: before anything is sent, the port's listening socket must be the recorded process's own."""
+    import http.server
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import stack
+
+    heard: list[dict] = []
+
+    class Impostor(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            heard.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=impostor.serve_forever, daemon=True).start()
+    own = tmp_path / "state"  # the session stack's records, with MLflow's process one that never binds its port
+    own.mkdir(mode=0o700)
+    for name in ("stack.env", "mlflow-auth.json", "ports.json"):
+        shutil.copy(state / name, own / name)
+    mlflow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        stack.remember_process(own, "mlflow", mlflow.pid)
+        assert not stack._healthy("mlflow", own, f"http://127.0.0.1:{impostor.server_address[1]}")
+    finally:
+        mlflow.kill()
+        mlflow.wait()
+        impostor.shutdown()
+    assert heard == [], "a request went to a port MLflow does not listen on"
