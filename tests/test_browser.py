@@ -390,6 +390,13 @@ def run_cell(page, text: str):
     return cell
 
 
+def run_done(page, text: str) -> None:
+    """Run the code cell that shows ``text`` and wait until it is done, without an error."""
+    cell = run_cell(page, text)
+    cell.locator(".jp-InputPrompt", has_text="[*]").wait_for(state="detached", timeout=180_000)
+    assert cell.locator(".jp-OutputArea-output", has_text="Traceback").count() == 0, text
+
+
 def interrupted_line(page, cell, after: float) -> str:
     """Press Interrupt ``after`` seconds into ``cell``'s run; the one line the cell then shows."""
     page.wait_for_timeout(after * 1000)
@@ -413,14 +420,16 @@ def test_interrupting_07_s_pipeline_and_08_s_roll_is_one_line_each_and_champion_
     base, token = lab.jupyter
     page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/07_batch_inference.ipynb?reset&token={token}")
     wait_for_idle_kernel(page)
+    run_done(page, "resources = cluster.init_ray(settings)")  # Ray again: the notebook's last cell let it go
     line = interrupted_line(page, run_cell(page, "predict_pointers(test_keys, test_labels"), after=4)
     assert line == ("Interrupted: The pipeline stopped: you interrupted it. Its actors are stopped; run the cell "
                     "again to predict under a new run name."), line
 
     page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/08_serve_the_champion.ipynb?reset&token={token}")
     wait_for_idle_kernel(page)
-    challenger = run_cell(page, 'set_registered_model_alias(registered_model, "challenger"')
-    challenger.locator(".jp-InputPrompt", has_text="[*]").wait_for(state="detached", timeout=120_000)
+    for before in ("resources = cluster.init_ray(settings)", "serve.start(http_options=",
+                   'set_registered_model_alias(registered_model, "challenger"'):
+        run_done(page, before)  # Ray and the deployment again (the last cell let both go), a challenger to roll to
     line = interrupted_line(page, run_cell(page, 'rolled_back_if_stopped("The roll"'), after=3)
     where = re.fullmatch(r"Interrupted: The roll stopped: you interrupted it\. The deployment serves @champion "
                          r"\(version (\d+)\) again, and @challenger is removed\.", line)
