@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -133,25 +134,29 @@ def last_log_line(log_path: Path) -> str:
 
 def wait_until_answers(proc: subprocess.Popen, port: int, token: str, log_path: Path,
                        timeout: float = 120.0) -> None:
-    """Return once JupyterLab answers on ``port`` to ``token``, sent only once JupyterLab itself listens there.
+    """Return once JupyterLab answers to ``token`` (sent only once it listens on ``port``) and refuses no token.
 
     Raises:
-        LabError: it exited first (the message is its last log line), or did not answer in time.
+        LabError: it exited (the message is its last log line), did not answer in time, or answered without a token.
     """
-    deadline = time.monotonic() + timeout
-    ours = urllib.request.Request(f"http://127.0.0.1:{port}/api/status", headers={"Authorization": f"token {token}"})
+    deadline, status = time.monotonic() + timeout, f"http://127.0.0.1:{port}/api/status"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LabError(f"JupyterLab exited at start: {last_log_line(log_path)} (log: {log_path})")
-        if not ray_service.listens_under(proc.pid, port):  # not yet bound, or another program's: no token
-            time.sleep(0.3)
-            continue
         try:
-            with urllib.request.urlopen(ours, timeout=2):
-                return
+            if ray_service.listens_under(proc.pid, port):  # not yet bound, or another program's: no token
+                urllib.request.urlopen(urllib.request.Request(status, headers={"Authorization": f"token {token}"}),
+                                       timeout=2).close()
+                break
         except OSError:
-            time.sleep(0.3)
-    raise LabError(f"JupyterLab did not answer on port {port} within {timeout:.0f} s (log: {log_path}).")
+            pass
+        time.sleep(0.3)
+    else:
+        raise LabError(f"JupyterLab did not answer on port {port} within {timeout:.0f} s (log: {log_path}).")
+    with contextlib.suppress(urllib.error.HTTPError):
+        urllib.request.urlopen(status, timeout=5).close()
+        raise LabError(f"JupyterLab answered without its token on port {port}: a Jupyter config sets an empty token "
+                       "or password (`jupyter --paths` lists where they are). Remove that setting and start again.")
 
 
 def stop_process(proc, timeout: float = 20.0) -> None:

@@ -250,6 +250,20 @@ def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(sett
     assert ray_service.read_service(state())["pid"] == ray_before["pid"], "the stack's Ray was not touched"
 
 
+def test_a_jupyter_config_that_turns_the_token_off_stops_the_lab_in_one_line(settings, tmp_path):
+    """A learner's own Jupyter config with an empty token wins over the lab's token file, and JupyterLab would then
+    answer anyone: the lab checks that a request without the token is refused, and stops in one line if not."""
+    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    (tmp_path / "jupyter_server_config.py").write_text('c.IdentityProvider.token = ""\n')
+    result = subprocess.run(lab_command(ports), cwd=project_root(), capture_output=True, text=True, timeout=180,
+                            env={**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path)})
+    assert result.returncode == 1, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"error: JupyterLab answered without its token on port {ports['jupyter']}"), result.stderr
+    assert "Open:" not in result.stdout and not port_open(ports["jupyter"])
+
+
 def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftovers_are_stopped(settings):
     ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
     # A lab killed outright (SIGKILL) leaves its JupyterLab and the dashboard's Ray behind ...
