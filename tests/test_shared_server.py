@@ -8,6 +8,7 @@ other users can reach (``.ci/run`` opens the folders); where either is missing i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -194,7 +195,7 @@ def test_each_learner_runs_notebooks_03_and_04_headless_at_the_same_time(rooms, 
     import psutil
 
     leaks: list[str] = []
-    peak = {"used": 0}
+    peak: dict = {"used": 0, "biggest": ""}
     done = threading.Event()
 
     def watch_command_lines() -> None:  # every half second while the notebooks run; and the memory they use
@@ -202,7 +203,8 @@ def test_each_learner_runs_notebooks_03_and_04_headless_at_the_same_time(rooms, 
         while not done.wait(0.5):
             leaks.extend(on_command_lines(secrets))
             memory = psutil.virtual_memory()
-            peak["used"] = max(peak["used"], memory.total - memory.available)
+            if memory.total - memory.available > peak["used"]:
+                peak.update(used=memory.total - memory.available, biggest=biggest_processes())
 
     notebooks = {"03_ray_data": (), "04_distributed": ("-p", "epochs", "3", "-p", "checkpoint_every", "3")}
 
@@ -222,7 +224,7 @@ def test_each_learner_runs_notebooks_03_and_04_headless_at_the_same_time(rooms, 
             done.set()
             watcher.join()
     used = f"the machine's memory in use at its peak: {peak['used'] / 2**30:.1f} of " \
-           f"{psutil.virtual_memory().total / 2**30:.1f} GiB"
+           f"{psutil.virtual_memory().total / 2**30:.1f} GiB; resident then, by user and program: {peak['biggest']}"
     print(used)
     for room, runs in zip(rooms, results, strict=True):
         for name, run in runs.items():
@@ -236,6 +238,22 @@ def test_each_learner_runs_notebooks_03_and_04_headless_at_the_same_time(rooms, 
             headers=basic_auth(settings.mlflow_username, settings.mlflow_password))
         with urllib.request.urlopen(search, timeout=15) as answer:
             assert json.loads(answer.read())["experiment"]["name"] == "mnist-ray-train"
+
+
+def biggest_processes(count: int = 12) -> str:
+    """The machine's resident memory by user and program, the largest first (where a peak's memory went)."""
+    import collections
+
+    import psutil
+
+    resident: collections.Counter = collections.Counter()
+    for proc in psutil.process_iter(["username", "cmdline", "name", "memory_info"]):
+        with contextlib.suppress(psutil.Error, TypeError, IndexError):
+            words = proc.info["cmdline"] or [proc.info["name"]]
+            program = words[0] if words[0].startswith("ray::") else " ".join(
+                Path(w).name for w in words[:3] if not w.startswith("-"))
+            resident[f"{proc.info['username']} {program[:40]}"] += proc.info["memory_info"].rss
+    return "; ".join(f"{who} {rss / 2**30:.2f}" for who, rss in resident.most_common(count))
 
 
 def basic_auth(user: str, password: str) -> dict[str, str]:
