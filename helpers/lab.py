@@ -143,13 +143,11 @@ def wait_until_answers(proc: subprocess.Popen, port: int, token: str, log_path: 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise LabError(f"JupyterLab exited at start: {last_log_line(log_path)} (log: {log_path})")
-        try:
+        with contextlib.suppress(OSError):
             if ray_service.listens_under(proc.pid, port):  # not yet bound, or another program's: no token
                 urllib.request.urlopen(urllib.request.Request(status, headers={"Authorization": f"token {token}"}),
                                        timeout=2).close()
                 break
-        except OSError:
-            pass
         time.sleep(0.3)
     else:
         raise LabError(f"JupyterLab did not answer on port {port} within {timeout:.0f} s (log: {log_path}).")

@@ -180,6 +180,8 @@ def damaged_keys(existing: Mapping[str, tuple[int, str]], plan: Iterable[tuple[s
 def raise_interrupted(err: BaseException, done: int, total: int, client: Minio, bucket: str) -> None:
     """Re-raise an upload's failure (or the kernel's interrupt) with how far it got and how to resume."""
     again = "Nothing is lost: run the same call again to upload only the missing objects."
+    if isinstance(err.__context__, KeyboardInterrupt):  # the press landed in a lock's release, which then failed
+        err = err.__context__
     if not isinstance(err, Exception):  # KeyboardInterrupt: stop, as asked
         print(f"Upload interrupted after {done:,} of {total:,} objects. {again}")
         raise err

@@ -285,7 +285,7 @@ def test_verify_repairs_a_missing_object_too(client, uploaded):
 @pytest.mark.timeout(60)
 def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
     storage.ensure_bucket(client, bucket)
-    plan = upload.plan_keys(6000)  # 7,000 objects: many seconds with 2 threads
+    plan = upload.plan_keys(6000)  # 26,000 objects (with 20,000 validation and test images): many seconds
     stop = threading.Event()
 
     def press_stop() -> None:  # Ctrl-C / the kernel's interrupt button
@@ -309,6 +309,23 @@ def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
     uploaded = len(listing.list_objects_parallel(bucket, client=client))
     assert 0 < uploaded < len(plan) // 2
     assert len(listing.list_objects_parallel(bucket, client=client)) == uploaded
+
+
+def test_an_interrupt_that_lands_in_a_lock_s_release_is_still_an_interrupt(capsys):
+    """Ctrl-C inside ``with lock:`` (submitting 26,000 uploads takes a while) can make the lock's release fail,
+    and the failure then hides the interrupt: it is still the learner's Interrupt, not a storage error."""
+    from helpers import upload_support
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")  # noqa: B904 (as the lock's __exit__ raises it)
+    except RuntimeError as err:
+        failure = err
+    with pytest.raises(KeyboardInterrupt):
+        upload_support.raise_interrupted(failure, 0, 26_000, client=None, bucket="b")
+    assert "Upload interrupted after 0 of 26,000 objects" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("key", ["train/stray.png", "test/x/00001.png"])
