@@ -465,7 +465,7 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 81 (id 22d200f8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 82 (id 22d200f8).
 def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
     """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage."""
     from mlflow.exceptions import MlflowException
@@ -485,7 +485,7 @@ def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGI
         await_creation_for=0)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 83 (id d5c65f83).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 84 (id d5c65f83).
 def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
     """The version the alias ``champion`` names now, or None where there is none yet."""
     from mlflow.exceptions import MlflowException
@@ -498,7 +498,7 @@ def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
         raise
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 85 (id 0ff21874).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 86 (id 0ff21874).
 def champion_if_better(mlflow_client, version, images, labels, name: str = REGISTERED_MODEL):
     """Move ``@champion`` to ``version`` if it is clearly better on ``images`` than the current champion (a tie: no).
 
@@ -517,7 +517,7 @@ def champion_if_better(mlflow_client, version, images, labels, name: str = REGIS
     return new, old, moved
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 94 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 95 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -542,7 +542,7 @@ class Reproduction:
                 f"{self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 96 (id 8d4cb7e5).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 97 (id 8d4cb7e5).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings | None = None) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 
