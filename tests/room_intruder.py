@@ -8,14 +8,17 @@ hand; the other room's addresses (no secret among them) come as JSON on stdin. P
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import socket
 import ssl
 import sys
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 HERE = Path.cwd()
@@ -37,6 +40,29 @@ def http(url: str, method: str = "GET", headers: dict[str, str] | None = None,
         return err.code, err.read()
     except (urllib.error.URLError, OSError):
         return 0, b""
+
+
+@contextlib.contextmanager
+def waiting_at_a_door() -> Iterator[tuple[int, list[dict]]]:
+    """``(port, heard)``: a program that took a port of 127.0.0.1 and answers every GET with 200, keeping the headers
+    of each request in ``heard`` (where a token or a password would show)."""
+    heard: list[dict] = []
+
+    class Impostor(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            heard.append(dict(self.headers))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], heard
+    finally:
+        server.shutdown()
 
 
 def door(code: int, body: bytes) -> str:

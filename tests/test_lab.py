@@ -205,31 +205,15 @@ def test_a_lab_kernel_talks_over_unix_sockets_only_its_learner_can_open_and_no_p
 def test_jupyterlab_s_token_goes_only_to_a_port_jupyterlab_itself_listens_on(tmp_path):
     """While JupyterLab starts, any program may hold its port. The lab waits for JupyterLab to answer: it must not
     send the token to whatever answers there first."""
-    import http.server
-    import threading
+    from tests.room_intruder import waiting_at_a_door
 
-    heard: list[dict] = []
-
-    class Impostor(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            heard.append(dict(self.headers))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
-    threading.Thread(target=impostor.serve_forever, daemon=True).start()
     starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a JupyterLab yet to bind
     try:
-        with pytest.raises(lab_module.LabError, match="did not answer"):
-            lab_module.wait_until_answers(starting, impostor.server_address[1], "the-token", tmp_path / "log",
-                                          timeout=3)
+        with waiting_at_a_door() as (port, heard), pytest.raises(lab_module.LabError, match="did not answer"):
+            lab_module.wait_until_answers(starting, port, "the-token", tmp_path / "log", timeout=3)
     finally:
         starting.kill()
         starting.wait()
-        impostor.shutdown()
     assert heard == [], "the token went to a port JupyterLab does not listen on"
 
 

@@ -233,26 +233,13 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     """Between choosing a port and MLflow binding it (about ten seconds), or after MLflow died, any user may hold the
     port. The stack asks whether MLflow is up, and whether it takes the stack's password; the impostor must hear
     neither: before anything is sent, the port's listening socket must be the recorded process's own."""
-    import http.server
     import shutil
     import subprocess
     import sys
 
     from helpers import stack
+    from tests.room_intruder import waiting_at_a_door
 
-    heard: list[dict] = []
-
-    class Impostor(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            heard.append(dict(self.headers))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    impostor = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
-    threading.Thread(target=impostor.serve_forever, daemon=True).start()
     own = tmp_path / "state"  # the session stack's records, with MLflow's process one that never binds its port
     own.mkdir(mode=0o700)
     for name in ("stack.env", "mlflow-auth.json", "ports.json"):
@@ -260,9 +247,9 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     mlflow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         stack.remember_process(own, "mlflow", mlflow.pid)
-        assert not stack._healthy("mlflow", own, f"http://127.0.0.1:{impostor.server_address[1]}")
+        with waiting_at_a_door() as (port, heard):
+            assert not stack._healthy("mlflow", own, f"http://127.0.0.1:{port}")
     finally:
         mlflow.kill()
         mlflow.wait()
-        impostor.shutdown()
     assert heard == [], "a request went to a port MLflow does not listen on"
