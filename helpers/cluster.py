@@ -224,20 +224,6 @@ def where_ray_runs(settings: Settings, address: str | None = None) -> tuple[str,
     return (service["address"], service) if service else ("local", None)
 
 
-def use_token_auth() -> None:
-    """Send Ray's token (``~/.ray/auth_token``, which a local Ray writes) when joining the stack's Ray.
-
-    A new local Ray turns token authentication on by default, but a driver joining
-    it by address sends its token only in token mode, and Ray reads the mode into its
-    configuration when ``ray`` is imported: so it is reloaded, as Ray does itself.
-    """
-    from ray._raylet import Config
-
-    if os.environ.get("RAY_AUTH_MODE") != "token":
-        os.environ["RAY_AUTH_MODE"] = "token"
-        Config.initialize("")
-
-
 @dataclass
 class RayConnection:
     """What ``ray.init`` needs to join (or start) the right Ray: see :func:`ray_connection`."""
@@ -267,7 +253,7 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
     if service is not None:
         loopback_only()  # the driver's node is 127.0.0.1, where the stack's Ray listens
         if service.get("auth") == "token":
-            use_token_auth()
+            ray_service.use_token_auth()
         return RayConnection(address, stack_ray_runtime_env(settings, service), contextlib.nullcontext())
     if check_cluster(address):  # a cluster: RAY_ADDRESS (or the address argument)
         loopback_only()

@@ -230,7 +230,7 @@ def running_jobs(service: dict) -> list[str]:
     """The drivers connected to the stack's Ray (notebooks, ``make run``), but the service's own: ``"pid N"`` each."""
     from ray._raylet import GcsClient
 
-    from helpers.cluster import use_token_auth
+    from helpers.ray_service import use_token_auth
 
     if service.get("auth") == "token":
         use_token_auth()

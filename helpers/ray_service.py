@@ -83,6 +83,19 @@ def _agent_port_of_its_own() -> None:
     parameter.RayParams = RayParams
 
 
+def use_token_auth() -> None:
+    """Send Ray's token (``~/.ray/auth_token``, which a local Ray writes) when joining the stack's Ray.
+
+    A driver joining a Ray by address sends its token only in token mode, and Ray reads the mode into its
+    configuration when ``ray`` is imported: so it is reloaded, as Ray does itself.
+    """
+    from ray._raylet import Config
+
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")
+
+
 def private_token() -> None:
     """Ray's token file there (a Ray told to use tokens makes none) and readable by its owner only.
 
@@ -137,7 +150,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     import ray
     from ray._private.utils import write_ray_address
 
-    from helpers import cluster, timings, worker_env
+    from helpers import timings, worker_env
     from helpers.config import load_settings
     from helpers.files import write_private
 
@@ -156,7 +169,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     # Token authentication whatever the environment says (a RAY_AUTH_MODE=disabled left there would open this
     # Ray to every user of the machine), so that another user can neither join it nor use its dashboard.
     private_token()
-    cluster.use_token_auth()
+    use_token_auth()
     _temp_folder_of_its_own(state)
     _agent_port_of_its_own()
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard_port is not None,

@@ -54,7 +54,8 @@ def _client(address: str):
     """A ``JobSubmissionClient`` that sends Ray's token where there is one."""
     from ray.job_submission import JobSubmissionClient
 
-    from helpers.cluster import TOKEN_HINT, use_token_auth
+    from helpers.cluster import TOKEN_HINT
+    from helpers.ray_service import use_token_auth
 
     has_token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or (
         Path.home() / ".ray" / "auth_token").is_file()

@@ -407,6 +407,7 @@ def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(
     try:
         port = server.server_address[1]
         (tmp_path / "ports.json").write_text(json.dumps({"s3": port, "master": port, "volume": volume}))
+        stack.remember_process(tmp_path, "seaweedfs", os.getpid())  # the port's listener: this process, as recorded
         assert stack._healthy("seaweedfs", tmp_path, f"http://127.0.0.1:{port}") is ready
     finally:
         server.shutdown()
