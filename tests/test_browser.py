@@ -402,18 +402,24 @@ def test_interrupting_04_s_fit_is_one_line_and_the_notebook_then_runs_again_clea
 
 
 def run_cell(page, text: str):
-    """Select the code cell that shows ``text`` and run it from the toolbar; returns the cell, once it runs."""
+    """Select the code cell that shows ``text`` and run it from the toolbar; returns the cell and its prompt before.
+
+    A quick cell can be done before its ``[*]`` is ever seen: the prompt's new number says it ran.
+    """
     cell = page.locator(".jp-Notebook .jp-CodeCell", has_text=text).first
+    before = cell.locator(".jp-InputPrompt").inner_text().strip()
     cell.locator(".jp-InputPrompt").click()
     page.click("[data-command='notebook:run-cell-and-select-next']")
-    cell.locator(".jp-InputPrompt", has_text="[*]").wait_for(timeout=30_000)
-    return cell
+    return cell, before
 
 
-def run_done(page, text: str) -> None:
+def run_done(page, text: str, timeout: float = 180) -> None:
     """Run the code cell that shows ``text`` and wait until it is done, without an error."""
-    cell = run_cell(page, text)
-    cell.locator(".jp-InputPrompt", has_text="[*]").wait_for(state="detached", timeout=180_000)
+    cell, before = run_cell(page, text)
+    deadline = time.monotonic() + timeout
+    while not re.fullmatch(r"\[\d+\]:", now := cell.locator(".jp-InputPrompt").inner_text().strip()) or now == before:
+        assert time.monotonic() < deadline, f"the cell with {text!r} did not finish in {timeout:.0f} s ({now})"
+        page.wait_for_timeout(250)
     assert cell.locator(".jp-OutputArea-output", has_text="Traceback").count() == 0, text
 
 
@@ -441,7 +447,7 @@ def test_interrupting_07_s_pipeline_and_08_s_roll_is_one_line_each_and_champion_
     page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/07_batch_inference.ipynb?reset&token={token}")
     wait_for_idle_kernel(page)
     run_done(page, "resources = cluster.init_ray(settings)")  # Ray again: the notebook's last cell let it go
-    line = interrupted_line(page, run_cell(page, "predict_pointers(test_keys, test_labels"), after=4)
+    line = interrupted_line(page, run_cell(page, "predict_pointers(test_keys, test_labels")[0], after=4)
     assert line == ("Interrupted: The pipeline stopped: you interrupted it. Its actors are stopped; run the cell "
                     "again to predict under a new run name."), line
 
@@ -450,7 +456,7 @@ def test_interrupting_07_s_pipeline_and_08_s_roll_is_one_line_each_and_champion_
     for before in ("resources = cluster.init_ray(settings)", "serve.start(http_options=",
                    'set_registered_model_alias(registered_model, "challenger"'):
         run_done(page, before)  # Ray and the deployment again (the last cell let both go), a challenger to roll to
-    line = interrupted_line(page, run_cell(page, 'rolled_back_if_stopped("The roll"'), after=3)
+    line = interrupted_line(page, run_cell(page, 'rolled_back_if_stopped("The roll"')[0], after=3)
     where = re.fullmatch(r"Interrupted: The roll stopped: you interrupted it\. The deployment serves @champion "
                          r"\(version (\d+)\) again, and @challenger is removed\.", line)
     assert where, line
