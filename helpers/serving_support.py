@@ -201,6 +201,27 @@ def http_port() -> int:
     return free_ports(["serve"])["serve"]
 
 
+def check_serve_port(port: int) -> None:
+    """Stop in one line where Serve's proxy does not hold ``port``: the endpoint's key goes to no other program.
+
+    Any user of the machine may bind a port the moment it is free, here between choosing it and Serve's proxy
+    binding it. On this machine's Ray (the stack's, or one this process started) the proxy is one of that
+    Ray's processes. A cluster's head is not shared with other users, and is not checked.
+    """
+    import ray
+
+    from helpers import ray_service
+    from helpers.config import state_dir
+    from helpers.stack import PortInUseError
+
+    gcs_port = int(ray.get_runtime_context().gcs_address.rpartition(":")[2])
+    heads = [(ray_service.read_service(state_dir()) or {}).get("pid"), os.getpid()]
+    head = next((pid for pid in heads if pid and ray_service.listens_under(pid, gcs_port)), None)
+    if head is not None and not ray_service.listens_under(head, port):
+        raise PortInUseError(f"Port {port} is held by another program, not by this Ray's Serve: nothing was sent to "
+                             "it. Run `serve.shutdown()`, then this cell again: Serve takes another free port.")
+
+
 def register_as(mlflow_client, name: str, choice, alias: str | None = None, tags: dict[str, str] | None = None):
     """A new version of ``name`` from ``choice`` (a logged model), with ``tags``, optionally named ``alias``."""
     from mlflow.exceptions import MlflowException

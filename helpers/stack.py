@@ -31,8 +31,11 @@ import argparse
 import base64
 import contextlib
 import fcntl
+import hashlib
+import importlib.metadata
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -216,13 +219,14 @@ def _running(state: Path, service: str) -> psutil.Process | None:
     return _our_process(record) if record else None
 
 
-def remember_process(state: Path, name: str, pid: int) -> None:
+def remember_process(state: Path, name: str, pid: int, started_as: str = "") -> None:
     """Record process ``pid`` under ``name`` in the state folder, where a later run finds it (``make lab``).
 
     With it goes its session: ``up`` starts each service as the leader of a session of its own, so every
-    process the service starts belongs to it, also after the service itself died (:func:`orphans`).
+    process the service starts belongs to it, also after the service itself died (:func:`orphans`), and
+    ``started_as``, its :func:`fingerprint`.
     """
-    record = {**_identity(psutil.Process(pid)), "uid": os.getuid()}
+    record = {**_identity(psutil.Process(pid)), "uid": os.getuid(), "fingerprint": started_as}
     with contextlib.suppress(OSError):
         record["session"] = os.getsid(pid)
     write_private(state / f"{name}.pid", json.dumps(record))
@@ -559,6 +563,25 @@ def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret
     return path
 
 
+RUN_SIZES = ("--num-cpus", "--dashboard-port")  # how big Ray runs, not how it is secured: no restart for them
+
+
+def fingerprint(service: str, command: list[str], env: dict[str, str] | None = None) -> str:
+    """How this code starts ``service``: its program's version, its flags and environment names, ports aside.
+
+    ``up`` starts again a running service of its own whose record holds another fingerprint: one that an
+    older version of the stack started (without today's login or TLS, say) is not adopted as it is.
+    """
+    flags = [arg for i, arg in enumerate(command[1:]) if arg not in RUN_SIZES and command[i] not in RUN_SIZES]
+    if service in ("mlflow", "ray"):
+        version = importlib.metadata.version(service) + (
+            hashlib.sha256(Path(ray_service.__file__).read_bytes()).hexdigest() if service == "ray" else "")
+    else:
+        version = str(Path(command[0]).stat().st_size)
+    described = {"version": version, "flags": [re.sub(r"\d+", "#", arg) for arg in flags], "env": sorted(env or {})}
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()
+
+
 def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = os.fdopen(os.open(_paths(state)["logs"] / f"{service}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
                     "ab")
@@ -572,7 +595,7 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
         umask=0o077,  # databases, volumes and logs the service creates: the owner's only
     )
     log.close()
-    remember_process(state, service, proc.pid)
+    remember_process(state, service, proc.pid, fingerprint(service, command, env))
     return proc
 
 
@@ -834,11 +857,17 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     _write_env_file(state, ports, access, secret, lakefs_keys, mlflow_auth)
     settings = load_settings(environ={}, stack_state=state)
     started: list[str] = []
+    upgraded: list[str] = []
     starting: dict[str, subprocess.Popen | psutil.Process] = {}
 
     def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
         """Start service ``name`` unless it runs already (``command()`` builds its command line)."""
         starting[name] = _running(state, name)
+        if starting[name] is not None and (_read_pid_record(state, name) or {}).get("fingerprint") != fingerprint(
+                name, command(), env):
+            stop_group(starting[name], 20, leader_first=name == "ray")  # an older stack's: its data stays
+            upgraded.append(name)
+            starting[name] = None
         if starting[name] is None:
             _check_ports_free(name, ports, port_names)
             if prepare is not None:
@@ -874,6 +903,8 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     def said(name: str) -> str:
         if name not in started:
             return "already running"
+        if name in upgraded:
+            return "started again: an older version of the stack had started it otherwise (its data kept)"
         return "started again (its earlier processes, left behind, stopped)" if name in orphaned else "started"
 
     return [replace(row, detail=said(row.name)) if row.running else row for row in status(state)]

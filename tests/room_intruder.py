@@ -15,6 +15,7 @@ import socket
 import ssl
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -43,9 +44,9 @@ def http(url: str, method: str = "GET", headers: dict[str, str] | None = None,
 
 
 @contextlib.contextmanager
-def waiting_at_a_door() -> Iterator[tuple[int, list[dict]]]:
-    """``(port, heard)``: a program that took a port of 127.0.0.1 and answers every GET with 200, keeping the headers
-    of each request in ``heard`` (where a token or a password would show)."""
+def waiting_at_a_door(port: int = 0) -> Iterator[tuple[int, list[dict]]]:
+    """``(port, heard)``: a program that took ``port`` of 127.0.0.1 (0: any free one) and answers every GET with 200,
+    keeping the headers of each request in ``heard`` (where a token or a password would show)."""
     heard: list[dict] = []
 
     class Impostor(BaseHTTPRequestHandler):
@@ -57,7 +58,15 @@ def waiting_at_a_door() -> Iterator[tuple[int, list[dict]]]:
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Impostor)
+    deadline = time.monotonic() + 10
+    while True:  # it takes the port the moment the process that held it is gone
+        try:
+            server = ThreadingHTTPServer(("127.0.0.1", port), Impostor)
+            break
+        except OSError:
+            if not port or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1], heard

@@ -153,8 +153,9 @@ def test_helpers_stay_thin_plumbing():
     # (no telemetry, no pickled models); every body the endpoint cannot use refused before it is decoded; the
     # stack's Ray record proven by the process that listens on its address; the lab's kernels on private sockets,
     # its token sent only to its own socket; the stack's Ray in token mode whatever the environment, its token file
-    # private, a token-less client's refusal checked at start; no request to a port its service does not hold
-    assert lines <= 6540, f"hand-written helpers hold {lines} lines"
+    # private, a token-less client's refusal checked at start; no request to a port its service does not hold; a
+    # service an older stack started otherwise (its fingerprint) started again; Serve's port its proxy's before a key
+    assert lines <= 6595, f"hand-written helpers hold {lines} lines"
     for path in sorted((project_root() / "helpers").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -229,10 +229,12 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
         ray.wait(timeout=60)
 
 
-def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state, tmp_path):
-    """Between choosing a port and MLflow binding it (about ten seconds), or after MLflow died, any user may hold the
-    port. The stack asks whether MLflow is up, and whether it takes the stack's password; the impostor must hear
-    neither: before anything is sent, the port's listening socket must be the recorded process's own."""
+@pytest.mark.parametrize("service", ["mlflow", "lakefs"])
+def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state, tmp_path, service):
+    """Between choosing a port and the service binding it (about ten seconds for MLflow), or after it died, any user
+    may hold the port. The stack asks whether the service is up, and whether it takes the stack's password or keys;
+    the impostor must hear neither: before anything is sent, the port's listening socket must be the recorded
+    process's own."""
     import shutil
     import subprocess
     import sys
@@ -240,16 +242,18 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     from helpers import stack
     from tests.room_intruder import waiting_at_a_door
 
-    own = tmp_path / "state"  # the session stack's records, with MLflow's process one that never binds its port
+    own = tmp_path / "state"  # the session stack's records, with the service's process one that never binds its port
     own.mkdir(mode=0o700)
     for name in ("stack.env", "mlflow-auth.json", "ports.json"):
         shutil.copy(state / name, own / name)
-    mlflow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    with (own / "stack.env").open("a") as env:  # lakeFS's keys, as a stack with a lakefs binary writes them
+        env.write("LAKEFS_ACCESS_KEY_ID=AKIAJDOORTEST\nLAKEFS_SECRET_ACCESS_KEY=not-for-an-impostor\n")
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        stack.remember_process(own, "mlflow", mlflow.pid)
+        stack.remember_process(own, service, process.pid)
         with waiting_at_a_door() as (port, heard):
-            assert not stack._healthy("mlflow", own, f"http://127.0.0.1:{port}")
+            assert not stack._healthy(service, own, f"http://127.0.0.1:{port}")
     finally:
-        mlflow.kill()
-        mlflow.wait()
-    assert heard == [], "a request went to a port MLflow does not listen on"
+        process.kill()
+        process.wait()
+    assert heard == [], f"a request went to a port {service} does not listen on"

@@ -84,6 +84,66 @@ def test_up_twice_status_and_down(state):
     assert client.bucket_exists("persisted")
 
 
+def _mlflow_answers(url: str, path: str, auth: tuple[str, str] | None = None, body: dict | None = None) -> int:
+    """The HTTP status MLflow gives ``path``, signed in with ``auth`` or not."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode() if body else None,
+                                     headers={"Content-Type": "application/json"})
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_up_over_an_older_stack_starts_it_secured_and_keeps_its_data(state):
+    """An older stack's SeaweedFS (no JWT, no TLS) and MLflow (no login), left running, are started again."""
+    from helpers import seaweedfs_security
+
+    stack.up(state, ports=private_ports(), with_ray=False, with_lakefs=False)  # keys, folders, settings
+    stack.down(state)
+    ports, settings = stack._saved_ports(state), load_settings(environ={}, stack_state=state)
+    old_weed = [arg for arg in stack._seaweedfs_command(state, ports)
+                if not arg.startswith(("-config_dir", "-disableHttp"))]
+    old_mlflow = [arg for arg in stack._mlflow_command(state, ports) if arg not in ("--app-name", "basic-auth")]
+    auth = {"secret_key": "old", **json.loads((state / "mlflow-auth.json").read_text())}
+    old_env = {k: v for k, v in stack._mlflow_env(state, settings, auth).items() if not k.startswith("MLFLOW_")}
+    for name, command, env in (("seaweedfs", old_weed, None), ("mlflow", old_mlflow, old_env)):
+        stack._start(name, command, state, env)
+        record = json.loads((state / f"{name}.pid").read_text())
+        (state / f"{name}.pid").write_text(json.dumps({k: v for k, v in record.items() if k != "fingerprint"}))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (stack._http_ok(settings.mlflow_tracking_uri + "/health") and
+                                                stack._http_ok(settings.s3_url + "/healthz")):
+        time.sleep(0.5)
+    assert not seaweedfs_security.refuses_plain_clients(ports["master_grpc"]), "the old way: gRPC without TLS"
+    created = {"name": "kept"}
+    assert _mlflow_answers(settings.mlflow_tracking_uri, "/api/2.0/mlflow/experiments/create", body=created) == 200
+    client = storage.get_client(settings)
+    storage.ensure_bucket(client, "kept")
+    client.put_object("kept", "object", io.BytesIO(b"data"), 4)
+
+    began = time.monotonic()
+    rows = {r.name: r for r in stack.up(state, with_ray=False, with_lakefs=False, timeout=60)}
+    print(f"up over the older stack: {time.monotonic() - began:.1f} s")  # it polled the old MLflow 90 s, then failed
+    for name in ("seaweedfs", "mlflow"):
+        assert rows[name].healthy and rows[name].detail.startswith("started again: an older version"), rows[name]
+    assert seaweedfs_security.refuses_plain_clients(ports["master_grpc"])
+    uri, login = settings.mlflow_tracking_uri, (settings.mlflow_username, settings.mlflow_password)
+    assert _mlflow_answers(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=kept") == 401
+    assert _mlflow_answers(uri, "/api/2.0/mlflow/experiments/get-by-name?experiment_name=kept", login) == 200
+    assert storage.read_object(storage.get_client(settings), "kept", "object") == b"data"
+    again = {r.name: r for r in stack.up(state, with_ray=False, with_lakefs=False)}
+    assert again["mlflow"].detail == again["seaweedfs"].detail == "already running"
+
+
 def test_port_in_use_is_named(state):
     ports = private_ports()
     with socket.socket() as blocker:
@@ -470,6 +530,35 @@ def test_up_starts_lakefs_where_a_binary_is_on_path_and_writes_its_settings(stat
 
     assert "lakefs" in stack.down(state)
     assert not {r.name: r for r in stack.status(state)}["lakefs"].running
+
+
+@pytest.mark.slow
+@pytest.mark.lakefs
+def test_a_program_at_lakefs_s_port_after_lakefs_died_hears_nothing_and_lakefs_moves(state, tmp_path, monkeypatch,
+                                                                                        capsys):
+    """lakeFS died and another program bound its port: ``up`` sends it no key, not even a health request, starts
+    lakeFS on a free port and says in one line which port it left; the notebooks' settings name the new one."""
+    from helpers import versioning
+    from tests.room_intruder import waiting_at_a_door
+
+    fake = tmp_path / "bin" / "lakefs"
+    fake.parent.mkdir()
+    fake.write_text(fake_lakefs())
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    (state / "ports.json").write_text(json.dumps(private_ports()))  # chosen by the stack, not by the learner
+    assert stack.up(state, with_mlflow=False, with_ray=False)[2].healthy
+    old = json.loads((state / "ports.json").read_text())["lakefs"]
+    stack.kill_service("lakefs", state)
+    with waiting_at_a_door(old) as (_, heard):
+        rows = {r.name: r for r in stack.up(state, with_mlflow=False, with_ray=False)}
+    new = json.loads((state / "ports.json").read_text())["lakefs"]
+    assert heard == [], "a request went to the program at lakeFS's old port"
+    assert rows["lakefs"].healthy and new != old
+    assert f"Ports another program holds, moved: lakefs {old} -> {new}" in capsys.readouterr().out
+    settings = load_settings(environ={}, stack_state=state)
+    assert settings.lakefs_endpoint == f"http://127.0.0.1:{new}"
+    assert "test-double" in versioning.connect(settings).version
 
 
 def test_status_says_when_no_lakefs_binary_is_available(state, monkeypatch):
