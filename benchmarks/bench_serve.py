@@ -5,7 +5,7 @@ Three servers answer the same JSON requests (a test image as a base64 PNG) with 
 1. plain HTTP: one process, Python's ``ThreadingHTTPServer``, the model loaded once, one forward pass per
    request (the baseline);
 2. Ray Serve without batching: notebook 08's ``DigitClassifier``, one replica, ``max_batch_size`` 1;
-3. Ray Serve with batching: the same replica with ``max_batch_size`` 16.
+3. Ray Serve with batching: the same replica with notebook 08's ``max_batch_size`` (read from its parameters).
 
 Each is loaded by 1, 8 and 32 concurrent clients for ``--seconds`` each (after a warm-up), and p50, p95
 and p99 latency and the throughput are recorded. The clients run in one process of their own, so they
@@ -28,7 +28,19 @@ from common import print_table, write_results
 
 from helpers import cluster, serving_support, stack
 
-SERVERS = ("plain HTTP (1 process)", "Ray Serve, no batching", "Ray Serve, batching (16)")
+
+def notebook_batch_size() -> int:
+    """Notebook 08's ``max_batch_size``, from its parameters cell: the benchmark batches as the notebook does."""
+    import papermill
+
+    from helpers.runner import notebook_paths
+
+    (notebook,) = notebook_paths(pattern="08_*.ipynb")
+    return int(papermill.inspect_notebook(str(notebook))["max_batch_size"]["default"])
+
+
+BATCH = notebook_batch_size()
+SERVERS = ("plain HTTP (1 process)", "Ray Serve, no batching", f"Ray Serve, batching ({BATCH})")
 CHART = Path(__file__).resolve().parents[1] / "docs" / "serve.png"
 
 
@@ -184,9 +196,10 @@ def main() -> None:
         urls = {SERVERS[0]: f"http://127.0.0.1:{port}/predict"}
         http_port = serving_support.http_port()
         serve.start(http_options={"host": "127.0.0.1", "port": http_port})
-        for server, batch in ((SERVERS[0], None), (SERVERS[1], 1), (SERVERS[2], 16)):
+        for server, batch in ((SERVERS[0], None), (SERVERS[1], 1), (SERVERS[2], BATCH)):
             if batch is not None:
                 deploy(config, batch)
+                serving_support.check_serve_port(http_port)  # the endpoint's key goes to Serve's own port only
                 urls[server] = f"http://127.0.0.1:{http_port}/predict"
             measure(urls[server], bodies, 4, 1.0)  # warm-up: connections, first batches
             for clients in args.clients:
@@ -200,7 +213,8 @@ def main() -> None:
     for row in rows:  # side by side with the baseline measured in the same run
         row["p99_vs_plain"] = round(row["p99_ms"] / floor[row["clients"]]["p99_ms"], 2)
         row["throughput_vs_plain"] = round(row["throughput"] / floor[row["clients"]]["throughput"], 2)
-    path = write_results("serve", {"model": model_uri, "seconds_per_load": args.seconds, "rows": rows})
+    path = write_results("serve", {"model": model_uri, "seconds_per_load": args.seconds, "max_batch_size": BATCH,
+                                   "rows": rows})
     chart(rows, CHART)
     print_table("Online predictions (one model, three servers)", rows,
                 ["server", "clients", "p50_ms", "p95_ms", "p99_ms", "throughput", "p99_vs_plain",

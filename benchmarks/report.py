@@ -735,7 +735,8 @@ def serve_section(data: dict) -> list[str]:
     out = [measured_on(data, "bench_serve.py"), "The same model and the same JSON requests (a test image as a "
            "base64 PNG) behind three servers: Python's `ThreadingHTTPServer` in one process (the baseline, one "
            "forward pass per request), and notebook 08's `DigitClassifier` on the stack's Ray with one replica, "
-           "without batching (`max_batch_size` 1) and with it (16). Each load runs for "
+           f"without batching (`max_batch_size` 1) and with it ({data.get('max_batch_size', 16)}, notebook 08's). "
+           "Each load runs for "
            f"{secs(data.get('seconds_per_load'))} s per number of concurrent clients, the clients in a process of "
            "their own; the ratios are against the baseline at the same number of clients, measured in the same "
            "run:", "![p99 latency and throughput by concurrent clients, one line per server](serve.png)"]
@@ -819,6 +820,12 @@ def full_size_section(data: dict) -> list[str]:
                        else "")
                     + (f"; now {times(data['ratio_04_to_baseline'])} its time" if data.get("ratio_04_to_baseline")
                        is not None else "") + ".")
+    alone = data.get("07 without lakeFS")
+    if alone and alone.get("status") == "ok":
+        said.append(f"Notebook 07 ran once more as a learner without lakeFS runs it, with `@champion` first on "
+                    f"{alone['champion before']}: it served {alone['model source']}, test accuracy "
+                    f"{percent(alone['test_accuracy from the Parquet'])} on {alone['images predicted']:,} images "
+                    "(notebook 06's rule, held in 07: the day's best model is clearly better on validation).")
     if said:
         out.append(" ".join(said))
     return out
