@@ -252,3 +252,21 @@ def test_the_report_formats_times_and_marks_what_was_not_measured():
 
     assert report.duration(None) == "—" and report.duration(42.4) == "42 s" and report.duration(126) == "2.1 min"
     assert report.between("a <!--x--> old <!--y--> b", ("<!--x-->", "<!--y-->"), "new") == "a <!--x-->\nnew\n<!--y--> b"
+
+
+def test_the_rooms_benchmark_counts_each_process_under_its_service_and_sizes_a_server_from_the_largest_room():
+    import bench_rooms
+
+    commands = {"/x/.venv/bin/weed -config_dir=/s mini": "object store",
+                "python -m mlflow server --host 127.0.0.1": "MLflow", "ray::RayTrainWorker.train_fn": "Ray",
+                "/x/ray/core/src/ray/raylet/raylet --node_id": "Ray", "python -m helpers.ray_service --state s": "Ray",
+                "python -m helpers.runner --only 04_distributed": "notebook run",
+                "python -m ipykernel_launcher -f /tmp/k.json": "notebook run",
+                "python -m jupyter lab --no-browser": "JupyterLab", "make -o .venv/.installed lab": "other"}
+    assert {command: bench_rooms.service_of(command) for command in commands} == commands
+    rows = [{"phase": "idle", "MB": 1500, "cores": 0.1}, {"phase": "idle", "MB": 1700, "cores": 0.2},
+            {"phase": "notebook 04", "MB": 3700, "cores": 1.5}, {"phase": "notebook 04", "MB": 3500, "cores": 2.0}]
+    sized = bench_rooms.sizing(rows, cores=16, gigabytes=64, reserved_gb=4)
+    assert sized["per learner"] == {"idle": {"MB": 1700, "cores": 0.2}, "notebook 04": {"MB": 3700, "cores": 2.0}}
+    assert sized["learners that fit"] == {"idle": {"by memory": 36, "by cores": 80},
+                                          "notebook 04": {"by memory": 16, "by cores": 8}}
