@@ -213,8 +213,8 @@ def _identity(proc: psutil.Process) -> dict:
     return {"pid": proc.pid, "create_time": started, "since_boot": started - psutil.boot_time(), "exe": proc.exe()}
 
 
-def _running(state: Path, service: str) -> psutil.Process | None:
-    """The service's process if its pid file names a live process of ours."""
+def remembered_process(state: Path, service: str) -> psutil.Process | None:
+    """The process recorded under ``service`` if it still runs (the same process, not a later one with its pid)."""
     record = _read_pid_record(state, service)
     return _our_process(record) if record else None
 
@@ -268,11 +268,6 @@ def _terminate(procs: list[psutil.Process], timeout: float) -> None:
         procs = _wait_stopped(procs, timeout)
         if not procs:
             return
-
-
-def remembered_process(state: Path, name: str) -> psutil.Process | None:
-    """The process recorded under ``name`` if it still runs (the same process, not a later one with its pid)."""
-    return _running(state, name)
 
 
 def _read_pid_record(state: Path, service: str) -> dict | None:
@@ -567,18 +562,16 @@ RUN_SIZES = ("--num-cpus", "--dashboard-port")  # how big Ray runs, not how it i
 
 
 def fingerprint(service: str, command: list[str], env: dict[str, str] | None = None) -> str:
-    """How this code starts ``service``: its program's version, its flags and environment names, ports aside.
+    """How this code starts ``service``: its program's version, flags and environment names, ports aside.
 
-    ``up`` starts again a running service of its own whose record holds another fingerprint: one that an
-    older version of the stack started (without today's login or TLS, say) is not adopted as it is.
+    ``up`` starts again a service of its own recorded with another: an older stack's, without today's TLS, say.
     """
     flags = [arg for i, arg in enumerate(command[1:]) if arg not in RUN_SIZES and command[i] not in RUN_SIZES]
-    if service in ("mlflow", "ray"):
-        version = importlib.metadata.version(service) + (
-            hashlib.sha256(Path(ray_service.__file__).read_bytes()).hexdigest() if service == "ray" else "")
-    else:
-        version = str(Path(command[0]).stat().st_size)
-    described = {"version": version, "flags": [re.sub(r"\d+", "#", arg) for arg in flags], "env": sorted(env or {})}
+    packaged = service in ("mlflow", "ray")  # else a binary: weed, lakefs
+    code = Path(ray_service.__file__).read_bytes() if service == "ray" else b""  # the stack's Ray service's code
+    described = {"version": importlib.metadata.version(service) if packaged else Path(command[0]).stat().st_size,
+                 "code": hashlib.sha256(code).hexdigest(), "flags": [re.sub(r"\d+", "#", arg) for arg in flags],
+                 "env": sorted(env or {})}
     return hashlib.sha256(json.dumps(described).encode()).hexdigest()
 
 
@@ -612,7 +605,7 @@ def _check_seaweedfs_tls(state: Path, ports: dict[str, int]) -> None:
     """Stop SeaweedFS unless its gRPC ports ask for a client certificate: it starts without TLS on a bad file."""
     if seaweedfs_security.refuses_plain_clients(ports["master_grpc"]):
         return
-    proc = _running(state, "seaweedfs")
+    proc = remembered_process(state, "seaweedfs")
     if proc is not None:
         stop_group(proc, 10)
     raise StackError("SeaweedFS started without TLS on its gRPC ports, open to every user of this machine, and was "
@@ -643,7 +636,7 @@ def _healthy(service: str, state: Path, url: str) -> bool:
         return ray_service.read_service(state) is not None
     # Any user may bind a port the moment it is free: nothing, credentials least of all, goes to a port that
     # the service's recorded process (or one it started) does not listen on.
-    proc = _running(state, service)
+    proc = remembered_process(state, service)
     if proc is None or not ray_service.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
         return False
     ports = _saved_ports(state)
@@ -801,7 +794,7 @@ def _ports_taken_meanwhile(state: Path) -> list[str]:
     if not _paths(state)["ports"].is_file():  # refused before any port was chosen
         return []
     ports, given = _load_or_choose_ports(state, None)
-    return [f"{name} {ports[name]}" for service in SERVICES if _running(state, service) is None
+    return [f"{name} {ports[name]}" for service in SERVICES if remembered_process(state, service) is None
             for name in SERVICE_PORTS[service] if name not in given and name != "admin_grpc"
             and _port_taken(name, ports[name])]
 
@@ -810,7 +803,7 @@ def _move_ports_of_stopped_services(state: Path) -> None:
     """New free ports for every port the stack chose (not the user) of each service that is not running."""
     ports, given = _load_or_choose_ports(state, None)
     for service in SERVICES:
-        if _running(state, service) is None:
+        if remembered_process(state, service) is None:
             for name in SERVICE_PORTS[service]:
                 if name not in given and name != "admin_grpc":
                     ports[name] = _free_port(name, set(ports.values()))
@@ -849,7 +842,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     ports, given = _load_or_choose_ports(state, ports)
     lakefs = lakefs_binary.find() if with_lakefs else None
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
-                                    ("ray", with_ray)) if on and _running(state, name) is None]
+                                    ("ray", with_ray)) if on and remembered_process(state, name) is None]
     orphaned = _free_the_ports(state, ports, given, wanted)
     access, secret = _load_or_create_keys(state)
     lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
@@ -862,10 +855,8 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
 
     def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
         """Start service ``name`` unless it runs already (``command()`` builds its command line)."""
-        starting[name] = _running(state, name)
-        if starting[name] is not None and (_read_pid_record(state, name) or {}).get("fingerprint") != fingerprint(
-                name, command(), env):
-            stop_group(starting[name], 20, leader_first=name == "ray")  # an older stack's: its data stays
+        starting[name] = remembered_process(state, name)
+        if _stopped_if_started_otherwise(state, name, starting[name], command(), env):
             upgraded.append(name)
             starting[name] = None
         if starting[name] is None:
@@ -892,7 +883,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     if with_ray:
         project_root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)
-        if ray_dashboard_port is not None and _running(state, "ray") is None:
+        if ray_dashboard_port is not None and remembered_process(state, "ray") is None:
             _check_ports_free("ray", {"dashboard": ray_dashboard_port}, ["dashboard"])
         ensure("ray", ["ray"], lambda: _ray_command(state, ray_cpus, ray_dashboard_port),
                {ray_service.PORT_ENV: str(ports["ray"]), "PYTHONPATH": pythonpath})
@@ -900,14 +891,26 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         _wait_healthy(name, _service_url(name, ports), proc, state, timeout)
     if with_mlflow:
         _fast_admin_login(state, mlflow_auth)
-    def said(name: str) -> str:
-        if name not in started:
-            return "already running"
-        if name in upgraded:
-            return "started again: an older version of the stack had started it otherwise (its data kept)"
-        return "started again (its earlier processes, left behind, stopped)" if name in orphaned else "started"
+    return [replace(row, detail=_said(row.name, started, upgraded, orphaned)) if row.running else row
+            for row in status(state)]
 
-    return [replace(row, detail=said(row.name)) if row.running else row for row in status(state)]
+
+def _said(name: str, started: list[str], upgraded: list[str], orphaned: list[str]) -> str:
+    """What ``up`` did to service ``name``, for its status line."""
+    if name not in started:
+        return "already running"
+    if name in upgraded:
+        return "started again: an older version of the stack had started it otherwise (its data kept)"
+    return "started again (its earlier processes, left behind, stopped)" if name in orphaned else "started"
+
+
+def _stopped_if_started_otherwise(state: Path, name: str, proc: psutil.Process | None, command: list[str],
+                                  env: dict[str, str] | None) -> bool:
+    """Stop ``proc``, service ``name``, where an older stack started it otherwise (see :func:`fingerprint`)."""
+    if proc is None or (_read_pid_record(state, name) or {}).get("fingerprint") == fingerprint(name, command, env):
+        return False
+    stop_group(proc, 20, leader_first=name == "ray")  # its data stays where it is, for the service started again
+    return True
 
 
 def status(state: Path | None = None) -> list[ServiceStatus]:
@@ -916,7 +919,7 @@ def status(state: Path | None = None) -> list[ServiceStatus]:
     ports = _saved_ports(state)
     out = []
     for service in SERVICES:
-        proc = _running(state, service)
+        proc = remembered_process(state, service)
         running = proc is not None
         url = _service_url(service, ports)
         healthy = running and _healthy(service, state, url)
@@ -938,7 +941,7 @@ def down(state: Path | None = None, timeout: float = 20.0, only: tuple[str, ...]
     if not state.is_dir():
         return []
     with state_lock(state):
-        running = {service: _running(state, service) for service in reversed(SERVICES) if service in only}
+        running = {service: remembered_process(state, service) for service in reversed(SERVICES) if service in only}
         stopping = {service: proc for service, proc in running.items() if proc is not None}
         for service in running:  # a service whose main process died: what it left running
             if running[service] is None and stop_orphans(state, service):
@@ -999,7 +1002,7 @@ def _is_zombie(proc: psutil.Process) -> bool:
 def kill_service(service: str, state: Path | None = None) -> None:
     """Kill one service at once with SIGKILL (to test that interrupted work resumes)."""
     state = (state or state_dir()).resolve()
-    proc = _running(state, service)
+    proc = remembered_process(state, service)
     if proc is not None:
         members = _process_group(proc)  # MLflow's server workers too, or they keep answering on its port
         for member in members:
@@ -1042,7 +1045,7 @@ def services_line(settings: Settings, with_mlflow: bool = True, state: Path | No
     from helpers.config import _read_env_file
 
     state = (state or state_dir()).resolve()
-    embedded = _read_env_file(_paths(state)["env"]) if _running(state, "seaweedfs") else {}
+    embedded = _read_env_file(_paths(state)["env"]) if remembered_process(state, "seaweedfs") else {}
     parts, hidden = [], []
     services = [("object store", "s3_endpoint", "S3_ENDPOINT"),
                 ("MLflow", "mlflow_tracking_uri", "MLFLOW_TRACKING_URI")]

@@ -106,7 +106,7 @@ def test_nothing_phones_home_from_the_stack_the_lab_or_a_driver(state, settings)
     from helpers.worker_env import ROOM_ENVIRONMENT
 
     for service in ("mlflow", "ray"):
-        process = stack._running(state, service)
+        process = stack.remembered_process(state, service)
         assert process is not None, f"the session stack runs {service}"
         environment = process.environ()
         assert {name: environment.get(name) for name in ROOM_ENVIRONMENT} == ROOM_ENVIRONMENT, service
