@@ -137,7 +137,8 @@ class RayUnavailable(ConfigError):
 
 
 TOKEN_HINT = ("set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN (or in a file named by "
-              "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token), then run it again")
+              "RAY_AUTH_TOKEN_PATH, or in ~/.ray/auth_token; the stack's Ray's is in .stack/ray_token), then run "
+              "it again")
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
@@ -252,8 +253,7 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
                              {"num_cpus": num_cpus, "include_dashboard": dashboard})
     if service is not None:
         loopback_only()  # the driver's node is 127.0.0.1, where the stack's Ray listens
-        if service.get("auth") == "token":
-            ray_service.use_token_auth()
+        ray_service.send_its_token(service)
         return RayConnection(address, stack_ray_runtime_env(settings, service), contextlib.nullcontext())
     if check_cluster(address):  # a cluster: RAY_ADDRESS (or the address argument)
         loopback_only()

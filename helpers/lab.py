@@ -201,7 +201,7 @@ def ray_with_dashboard(state: Path, dashboard_port: int, cpus: int | None):
     settings = stack.ensure_stack(ray_dashboard_port=dashboard_port, ray_cpus=cpus)
     deadline = time.monotonic() + 60
     # Asked with this user's token: another user's dashboard on the same port refuses it.
-    token = ray_token() if (ray_service.read_service(state) or {}).get("auth") == "token" else ""
+    token = ray_token(state) if (ray_service.read_service(state) or {}).get("auth") == "token" else ""
     ours = urllib.request.Request(f"{url}/api/jobs/", headers={"Authorization": f"Bearer {token}"} if token else {})
     while time.monotonic() < deadline:  # its dashboard comes up a moment after Ray
         with contextlib.suppress(OSError), urllib.request.urlopen(ours, timeout=2):
@@ -230,10 +230,7 @@ def running_jobs(service: dict) -> list[str]:
     """The drivers connected to the stack's Ray (notebooks, ``make run``), but the service's own: ``"pid N"`` each."""
     from ray._raylet import GcsClient
 
-    from helpers.ray_service import use_token_auth
-
-    if service.get("auth") == "token":
-        use_token_auth()
+    ray_service.send_its_token(service)
     try:
         jobs = GcsClient(address=service["address"]).get_all_job_info(timeout=10)
     except Exception:  # noqa: BLE001 - a Ray that does not answer runs nothing worth keeping
@@ -249,15 +246,12 @@ def restore_stack_ray(state: Path) -> None:
     print("The stack's Ray is running again, without its dashboard.")
 
 
-def ray_token() -> str:
-    """Ray's authentication token as Ray itself finds it (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray``)."""
-    ray_cli = Path(sys.executable).with_name("ray")
-    result = subprocess.run([str(ray_cli) if ray_cli.exists() else "ray", "get-auth-token"],
-                            capture_output=True, text=True, timeout=60, check=False)
-    token = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-    if result.returncode != 0 or not token:
-        raise LabError(f"Could not read Ray's token (`ray get-auth-token`): {result.stderr.strip()[-300:]}")
-    return token
+def ray_token(state: Path) -> str:
+    """The token of the stack's Ray, new at each of its starts (:func:`helpers.ray_service.token_file`)."""
+    try:
+        return ray_service.read_token(state)
+    except OSError as err:
+        raise LabError(f"Could not read the token of the stack's Ray ({err}): run `make lab` again.") from None
 
 
 SIGN_IN_KEYS, LAB_FILE = "dashboard-sign-in-keys", "lab.json"  # in the state folder, both 0600
@@ -445,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             restore = True  # from here on, the stack's Ray is put back as it was, whatever ends the lab
             settings, dashboard = on_a_free_port("dashboard", ports, args.dashboard_port,
                                                  lambda port: ray_with_dashboard(state, port, args.cpus))
-            server = started["sign_in"] = start_dashboard_sign_in(ports["sign_in"], state, ray_token(), dashboard)
+            server = started["sign_in"] = start_dashboard_sign_in(ports["sign_in"], state, ray_token(state), dashboard)
             write_private(state / LAB_FILE, json.dumps({"sign_in_port": server.server_address[1]}))
             sign_in = f"http://127.0.0.1:{server.server_address[1]}/?key={new_sign_in_key(state)}"
         print_urls(urls(settings, ports["jupyter"], token, dashboard, sign_in))

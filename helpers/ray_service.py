@@ -18,9 +18,11 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 SERVICE_FILE = "ray.json"
+TOKEN_FILE = "ray_token"  # beside it
 PORT_ENV = "RAY_GCS_SERVER_PORT"  # Ray's own variable: the port a new head's GCS listens on
 
 
@@ -30,7 +32,7 @@ def settings_digest(env: dict[str, str]) -> str:
 
 
 def read_service(state: Path) -> dict | None:
-    """The stack's Ray: ``address``, ``auth``, ``dashboard``, ``settings``, ``cpus``, ``timings``; None if down.
+    """The stack's Ray: ``address``, ``auth``, ``token_file``, ``dashboard``, ``settings``, ``cpus``, ``timings``.
 
     The record survives a SIGKILL or a reboot, and any user can bind a port the moment it is free: the address
     counts only while the recorded process, or one it started (Ray's GCS), listens on it. Nothing is sent to
@@ -83,46 +85,120 @@ def _agent_port_of_its_own() -> None:
     parameter.RayParams = RayParams
 
 
-def use_token_auth() -> None:
-    """Send Ray's token (``~/.ray/auth_token``, which a local Ray writes) when joining the stack's Ray.
+def use_token_auth(token_file: Path | None = None) -> None:
+    """Send Ray's token when joining a Ray: the stack's own ``token_file``, else the one Ray finds itself.
 
     A driver joining a Ray by address sends its token only in token mode, and Ray reads the mode into its
-    configuration when ``ray`` is imported: so it is reloaded, as Ray does itself.
+    configuration when ``ray`` is imported: so it is reloaded, as Ray does itself. Ray also keeps the token
+    it read: forgotten here, so that a driver joining the stack's Ray after a restart sends the new one.
     """
-    from ray._raylet import Config
+    from ray._raylet import AuthenticationTokenLoader, Config
 
+    if token_file is not None:
+        os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the file: a cluster's token, not this Ray's
+        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_file)
     if os.environ.get("RAY_AUTH_MODE") != "token":
         os.environ["RAY_AUTH_MODE"] = "token"
         Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
-def private_token() -> None:
-    """Ray's token file there (a Ray told to use tokens makes none) and readable by its owner only.
+def send_its_token(service: dict) -> None:
+    """Send the token of the stack's Ray (its record, :func:`read_service`) when joining it, if it asks for one."""
+    if service.get("auth") == "token":
+        use_token_auth(Path(service["token_file"]) if service.get("token_file") else None)
 
-    One others could read (0644, as a Ray started outside the stack writes it) may have been read: replaced.
+
+def token_file(state: Path) -> Path:
+    """The token of the stack's Ray: new at every start, in the private state folder (0600)."""
+    return state / TOKEN_FILE
+
+
+def read_token(state: Path) -> str:
+    """The token of the stack's Ray that runs now (see :func:`token_file`)."""
+    return token_file(state).read_text().strip()
+
+
+def _new_token(state: Path) -> None:
+    """A token of this start's own for the Ray about to start, which every process it starts inherits.
+
+    A token that lived on from one Ray to the next (``~/.ray/auth_token``) would open the next Ray to
+    whoever heard it once: a program that took a dead Ray's port heard it from the processes still calling.
     """
     from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
 
     from helpers.files import write_private
 
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if os.environ.get("RAY_AUTH_TOKEN") or path.is_file() and not path.stat().st_mode & 0o077:
-        return
-    if path.is_file():
-        print(f"Ray's token {path} could be read by other users of this machine: replaced.", flush=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_private(path, generate_new_authentication_token())
+    write_private(token_file(state), generate_new_authentication_token())
+    use_token_auth(token_file(state))
 
 
-def refuses_clients_without_token(address: str, timeout: float = 10.0) -> bool:
-    """Whether the Ray at ``address`` refuses a call that carries no token, as token authentication must."""
+def _listening_ports(pid: int) -> list[int]:
+    """The TCP ports process ``pid`` listens on."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        return [c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+    return []
+
+
+def _hold(port: int) -> socket.socket | None:
+    """Listen on ``port`` of 127.0.0.1, accepting nothing, so no other program takes it; None where one has."""
+    door = socket.socket()
+    door.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        door.bind(("127.0.0.1", port))
+        door.listen(64)
+        return door
+    except OSError:
+        door.close()
+        return None
+
+
+def _fate_shared(stopping: threading.Event) -> None:
+    """Stop every process of this Ray, this one last, when its GCS, raylet or dashboard dies, holding its ports.
+
+    Killed alone (the out-of-memory killer picks one process), it leaves the others calling its ports with the
+    token, and any user may bind a port the moment it is free: the dead process's ports are taken here first,
+    so that what still calls them reaches no one until every process of this Ray has stopped. Not while
+    ``stopping`` (a clean stop).
+    """
+    import psutil
+    from ray._private import ray_constants, worker
+
+    kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET,
+             ray_constants.PROCESS_TYPE_DASHBOARD)
+    core = [(kind, info.process) for kind in kinds for info in worker._global_node.all_processes.get(kind, [])]
+    doors = {process.pid: _listening_ports(process.pid) for _, process in core}
+
+    def watch(kind: str, process) -> None:
+        process.wait()
+        if stopping.is_set():
+            return
+        held = [_hold(port) for port in doors[process.pid]]
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        taken = [port for port, door in zip(doors[process.pid], held, strict=True) if door is None]
+        print(f"Ray's {kind} (pid {process.pid}) died: every process of this Ray stopped, so that none calls its "
+              "ports again; `python -m helpers.stack up` starts a new Ray with a new token."
+              + (f" Another program took its port(s) {taken} first." if taken else ""), flush=True)
+        os._exit(1)
+
+    for kind, process in core:
+        threading.Thread(target=watch, args=(kind, process), daemon=True, name=f"fate-{kind}").start()
+
+
+def refuses_clients_without_token(address: str, timeout: float = 10.0, wrong_token: str | None = None) -> bool:
+    """Whether the Ray at ``address`` refuses a call that carries no token (or ``wrong_token``), as it must."""
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
 
     with grpc.insecure_channel(address) as channel:
         try:
             gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
-                gcs_service_pb2.InternalKVGetRequest(key=b"-", namespace=b"-"), timeout=timeout)
+                gcs_service_pb2.InternalKVGetRequest(key=b"-", namespace=b"-"), timeout=timeout,
+                metadata=[("authorization", f"Bearer {wrong_token}")] if wrong_token else None)
         except grpc.RpcError as err:
             return err.code() == grpc.StatusCode.UNAUTHENTICATED
     return False
@@ -168,8 +244,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     # Token authentication whatever the environment says (a RAY_AUTH_MODE=disabled left there would open this
     # Ray to every user of the machine), so that another user can neither join it nor use its dashboard.
-    private_token()
-    use_token_auth()
+    _new_token(state)
     _temp_folder_of_its_own(state)
     _agent_port_of_its_own()
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard_port is not None,
@@ -179,11 +254,14 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
         ray.shutdown()
         sys.exit("error: Ray started without token authentication, open to every user of this machine, and was "
                  "stopped. Unset RAY_AUTH_MODE, or set it to token, and run `python -m helpers.stack up` again.")
+    stopping = threading.Event()
+    _fate_shared(stopping)
     # The address file "auto" reads (`ray start` writes one, `ray.init` does not; its name is Ray's business).
     write_ray_address(ray.get_runtime_context().gcs_address, ray._private.worker._global_node.get_temp_dir_path())
     dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
     info = {"address": ray.get_runtime_context().gcs_address, "pid": os.getpid(), "dashboard": dashboard,
-            "auth": os.environ.get("RAY_AUTH_MODE", "disabled"), "settings": settings_digest(env),
+            "auth": os.environ.get("RAY_AUTH_MODE", "disabled"), "token_file": str(token_file(state)),
+            "settings": settings_digest(env),
             "cpus": int(ray.cluster_resources().get("CPU", 0)),
             "timings": os.environ.get(timings.TIMINGS_ENV, "")}  # a benchmark's span file, which workers write to
 
@@ -198,6 +276,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
         while True:
             signal.pause()
     finally:
+        stopping.set()
         (state / SERVICE_FILE).unlink(missing_ok=True)
         ray.shutdown()
 

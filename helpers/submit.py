@@ -9,9 +9,9 @@ notebook ran, 1 when it failed, 130 after Ctrl-C (which stops the job too).
 
 Where: ``--address`` (``ADDRESS=`` for make), else ``RAY_API_SERVER_ADDRESS`` (Ray's own variable for
 the Jobs API), else the dashboard of the lab's Ray (``make lab``). Ray's token goes along where Ray asks
-for one (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``). The cluster's nodes need
-the settings themselves (the stack's Ray has them; compose and KubeRay pass them from their secrets):
-no key or password travels with the job.
+for one: the lab's Ray's own, else ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``.
+The cluster's nodes need the settings themselves (the stack's Ray has them; compose and KubeRay pass
+them from their secrets): no key or password travels with the job.
 """
 
 from __future__ import annotations
@@ -54,13 +54,16 @@ def _client(address: str):
     """A ``JobSubmissionClient`` that sends Ray's token where there is one."""
     from ray.job_submission import JobSubmissionClient
 
+    from helpers import ray_service
     from helpers.cluster import TOKEN_HINT
-    from helpers.ray_service import use_token_auth
+    from helpers.config import state_dir
 
-    has_token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or (
-        Path.home() / ".ray" / "auth_token").is_file()
-    if has_token:
-        use_token_auth()
+    service = ray_service.read_service(state_dir())
+    if service is not None and service.get("dashboard") and address.rstrip("/") == service["dashboard"]:
+        ray_service.send_its_token(service)  # the lab's Ray: its token of this start
+    elif os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or (
+            Path.home() / ".ray" / "auth_token").is_file():
+        ray_service.use_token_auth()
     try:
         return JobSubmissionClient(address)
     except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError here

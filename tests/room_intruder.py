@@ -74,6 +74,40 @@ def waiting_at_a_door(port: int = 0) -> Iterator[tuple[int, list[dict]]]:
         server.shutdown()
 
 
+@contextlib.contextmanager
+def waiting_at_a_grpc_door(port: int) -> Iterator[list[tuple[str, dict]]]:
+    """``heard``: a gRPC server that took ``port`` of 127.0.0.1 the moment it was free, as one waiting for Ray's
+    GCS to die would, keeping every call's method and metadata (where Ray's token travels) and answering none."""
+    from concurrent import futures
+
+    import grpc
+
+    heard: list[tuple[str, dict]] = []
+
+    class Everything(grpc.GenericRpcHandler):
+        def service(self, call):
+            heard.append((call.method, dict(call.invocation_metadata)))
+            return None  # UNIMPLEMENTED, after the metadata was read
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server.add_generic_rpc_handlers((Everything(),))
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if server.add_insecure_port(f"127.0.0.1:{port}"):
+                break
+        except RuntimeError:  # grpcio raises where the port is held, or returns 0
+            pass
+        if time.monotonic() > deadline:
+            raise OSError(f"port {port} stayed taken for 10 s")
+        time.sleep(0.01)
+    server.start()
+    try:
+        yield heard
+    finally:
+        server.stop(0)
+
+
 def door(code: int, body: bytes) -> str:
     """An HTTP answer as a verdict: only a 2xx (or a 3xx that hands something out) opens a door."""
     if 200 <= code < 400:
@@ -113,7 +147,7 @@ def attempts(room: dict) -> dict[str, Callable[[], str]]:
 
     mine = load_settings()
     state = HERE / ".stack"
-    ray_token = own_secret(Path.home() / ".ray" / "auth_token")
+    ray_token = own_secret(state / "ray_token")
     jupyter_token = own_secret(state / "jupyter-token")
     sign_in_key = (own_secret(state / "dashboard-sign-in-keys").split() or ["none"])[-1]
     login = basic(mine.mlflow_username, mine.mlflow_password)

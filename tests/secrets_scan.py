@@ -32,9 +32,9 @@ def stack_secrets(state: Path, home: Path | None = None) -> dict[str, str]:
         path = state / name
         for i, value in enumerate(path.read_text().split() if path.is_file() else []):
             found[f"{what} {i}"] = value
-    ray_token = (home or Path.home()) / ".ray" / "auth_token"
-    if ray_token.is_file():
-        found["Ray token"] = ray_token.read_text().strip()
+    for where, ray_token in (("home", (home or Path.home()) / ".ray" / "auth_token"), ("stack", state / "ray_token")):
+        if ray_token.is_file():
+            found[f"Ray token ({where})"] = ray_token.read_text().strip()
     return {what: value for what, value in found.items() if value}
 
 

@@ -591,7 +591,8 @@ def test_a_learner_who_is_not_root_runs_a_ray_notebook_in_the_lab(browser, tmp_p
         assert summary(notebooks / "03_ray_data_preprocessing.ipynb")["actor processes"] == 2
         context.close()
         assert lab.stop(signal.SIGINT) == 0, "\n".join(lab.output[-10:])
-        assert (home / ".ray" / "auth_token").stat().st_uid == home.stat().st_uid, "the learner's own Ray token"
+        token = ray_service.token_file(state)
+        assert token.stat().st_uid == home.stat().st_uid and token.stat().st_mode & 0o077 == 0, "their own Ray token"
     finally:
         if lab is not None and lab.proc.poll() is None:
             lab.stop(signal.SIGKILL)

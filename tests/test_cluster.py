@@ -60,8 +60,8 @@ def test_a_token_protected_ray_at_ray_address_names_the_variables_to_set(setting
     said = [line for line in result.stdout.splitlines() if line.strip()]
     assert said == [f"RayUnavailable: The Ray at RAY_ADDRESS={service['address']} uses token authentication and "
                     f"asks for a token: {cluster.TOKEN_HINT}."], result.stdout + result.stderr[-2000:]
-    # what the line says to do is enough (the token is in ~/.ray/auth_token, where Ray put it)
-    joined = driver(JOIN, {**env, "RAY_AUTH_MODE": "token"})
+    # what the line says to do is enough (the stack's Ray's token is in its state folder, as the line says)
+    joined = driver(JOIN, {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": service["token_file"]})
     assert f"joined {service['address']}" in joined.stdout, joined.stdout + joined.stderr[-2000:]
 
 

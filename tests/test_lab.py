@@ -114,7 +114,8 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
             urllib.request.build_opener(NoRedirect).open(link, timeout=10)
         assert signed_in.value.code == 303 and signed_in.value.headers["Location"] == f"{dashboard}/#/actors"
         cookie = signed_in.value.headers["Set-Cookie"].split(";")[0]
-        assert cookie == f"{lab_module.RAY_TOKEN_COOKIE}={lab_module.ray_token()}"
+        token = lab_module.ray_token(Path(os.environ["STACK_STATE_DIR"]))
+        assert cookie == f"{lab_module.RAY_TOKEN_COOKIE}={token}"
         request = urllib.request.Request(f"{dashboard}/api/jobs/", headers={"Cookie": cookie})
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert answer.status == 200

@@ -220,10 +220,13 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
             line = ray.stdout.readline()
             assert line, "the Ray service ended:\n" + "".join(lines[-20:])
             lines.append(line)
-        assert any("could be read by other users of this machine: replaced." in line for line in lines), lines
-        assert token.stat().st_mode & 0o077 == 0 and token.read_text() != "read-by-anyone"
         info = json.loads((own / ray_service.SERVICE_FILE).read_text())
         assert info["auth"] == "token" and ray_service.refuses_clients_without_token(info["address"])
+        assert ray_service.refuses_clients_without_token(info["address"], wrong_token="read-by-anyone"), (
+            "the stack's Ray took the token file others could read")
+        assert info["token_file"] == str(ray_service.token_file(own)), "a token of its own, in the state folder"
+        assert ray_service.token_file(own).stat().st_mode & 0o077 == 0
+        assert token.read_text() == "read-by-anyone", "the learner's own file, left as it was"
     finally:
         ray.terminate()
         ray.wait(timeout=60)

@@ -81,7 +81,7 @@ def test_three_learners_start_make_lab_at_once_with_no_flags_each_on_ports_of_th
             assert not mine & theirs, "two learners share a port"
     for room in rooms:  # each stack's state and the Ray token are the learner's own, closed to the others
         assert room.state.stat().st_uid == room.home.stat().st_uid and room.state.stat().st_mode & 0o077 == 0
-        token = room.home / ".ray" / "auth_token"
+        token = room.state / "ray_token"
         assert token.stat().st_uid == room.home.stat().st_uid and token.stat().st_mode & 0o077 == 0
 
 
@@ -172,7 +172,7 @@ def what_is_there(room: Room) -> dict:
 
     login = basic_auth(settings.mlflow_username, settings.mlflow_password)
     mlflow = settings.mlflow_tracking_uri
-    ray_token = (room.home / ".ray" / "auth_token").read_text().strip()
+    ray_token = (room.state / "ray_token").read_text().strip()
     jupyter_token = (room.state / "jupyter-token").read_text().strip()
     jupyter = room.urls["JupyterLab"].split("/lab?")[0]
     return {
