@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from helpers import ray_service, timings, worker_env
+from helpers import stack_ray, timings, worker_env
 from helpers.config import ConfigError, Settings, load_settings, state_dir
 from helpers.worker_env import (
     LOCAL_RAY_DEFAULTS,
@@ -124,7 +124,7 @@ def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[s
     its own: measured 1.5-3 s more for every pipeline of actors.
     """
     env_vars = {}
-    if ray_service.settings_digest(settings_env(settings)) != service.get("settings"):
+    if stack_ray.settings_digest(settings_env(settings)) != service.get("settings"):
         env_vars.update(settings_env(settings))
     spans = os.environ.get(timings.TIMINGS_ENV, "")
     if spans and spans != service.get("timings", ""):
@@ -221,7 +221,7 @@ def where_ray_runs(settings: Settings, address: str | None = None) -> tuple[str,
     address = address or settings.ray_address
     if address:
         return address, None
-    service = ray_service.read_service(state_dir())
+    service = stack_ray.read_service(state_dir())
     return (service["address"], service) if service else ("local", None)
 
 
@@ -253,7 +253,7 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
                              {"num_cpus": num_cpus, "include_dashboard": dashboard})
     if service is not None:
         loopback_only()  # the driver's node is 127.0.0.1, where the stack's Ray listens
-        ray_service.send_its_token(service)
+        stack_ray.send_its_token(service)
         return RayConnection(address, stack_ray_runtime_env(settings, service), contextlib.nullcontext())
     if check_cluster(address):  # a cluster: RAY_ADDRESS (or the address argument)
         loopback_only()

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
+from helpers.errors import TutorialError
+
 STATE_FILE_NAME = "stack.env"
 
 # Every setting, with the variable names accepted for it (first name is the
@@ -53,11 +55,11 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
 _SECRET_FIELDS = {"s3_access_key", "s3_secret_key", "mlflow_password", "lakefs_access_key", "lakefs_secret_key"}
 
 
-class ConfigError(ValueError):
+class ConfigError(TutorialError, ValueError):
     """A setting is missing or malformed; the message says which and how to fix it."""
 
 
-class ParameterError(ValueError):
+class ParameterError(TutorialError, ValueError):
     """A function was called with a bad parameter value; the message says the allowed values."""
 
 

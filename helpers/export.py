@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from helpers.config import project_root
+from helpers.errors import TutorialError
 
 MARK = "#@save"
 # notebook -> generated module (helpers/<name>.py)
@@ -40,7 +41,7 @@ MAX_CELL_LINES = 40  # the whole cell, its #@save line included
 _ALLOWED = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
 
-class ExportError(ValueError):
+class ExportError(TutorialError, ValueError):
     """A ``#@save`` cell holds code that would run on import."""
 
 

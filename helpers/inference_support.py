@@ -5,8 +5,10 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from helpers.errors import TutorialError
 
-class NoModelYet(RuntimeError):
+
+class NoModelYet(TutorialError, RuntimeError):
     """Notebook 04, run to train a first model, did not finish."""
 
 

@@ -24,8 +24,10 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from helpers.errors import TutorialError
 
-class Interrupted(RuntimeError):
+
+class Interrupted(TutorialError, RuntimeError):
     """The learner interrupted a Ray cell: what stopped, and what to run next, in one line."""
 
 

@@ -34,9 +34,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from helpers import ray_service, stack
+from helpers import stack, stack_ray
 from helpers.cluster import check_cluster
 from helpers.config import ConfigError, load_settings, project_root, state_dir
+from helpers.errors import TutorialError
 from helpers.files import write_private
 from helpers.worker_env import ROOM_ENVIRONMENT
 
@@ -45,7 +46,7 @@ RAY_TOKEN_COOKIE = "ray-authentication-token"
 LAB_RECORD, JUPYTER_RECORD = "lab", "jupyterlab"  # process records in the state folder
 
 
-class LabError(RuntimeError):
+class LabError(TutorialError, RuntimeError):
     """``make lab`` could not start; the message says why and what to do."""
 
 
@@ -144,7 +145,7 @@ def wait_until_answers(proc: subprocess.Popen, port: int, token: str, log_path: 
         if proc.poll() is not None:
             raise LabError(f"JupyterLab exited at start: {last_log_line(log_path)} (log: {log_path})")
         with contextlib.suppress(OSError):
-            if ray_service.listens_under(proc.pid, port):  # not yet bound, or another program's: no token
+            if stack_ray.listens_under(proc.pid, port):  # not yet bound, or another program's: no token
                 urllib.request.urlopen(urllib.request.Request(status, headers={"Authorization": f"token {token}"}),
                                        timeout=2).close()
                 break
@@ -195,13 +196,13 @@ def ray_with_dashboard(state: Path, dashboard_port: int, cpus: int | None):
     A stack's Ray without that dashboard is restarted with it. Returns the settings and the dashboard's URL.
     """
     url = f"http://127.0.0.1:{dashboard_port}"
-    service = ray_service.read_service(state)
+    service = stack_ray.read_service(state)
     if service is not None and service.get("dashboard") != url and stack.down(state, only=("ray",)):
         print("The stack's Ray restarts with its dashboard while the lab runs.")
     settings = stack.ensure_stack(ray_dashboard_port=dashboard_port, ray_cpus=cpus)
     deadline = time.monotonic() + 60
     # Asked with this user's token: another user's dashboard on the same port refuses it.
-    token = ray_token(state) if (ray_service.read_service(state) or {}).get("auth") == "token" else ""
+    token = ray_token(state) if (stack_ray.read_service(state) or {}).get("auth") == "token" else ""
     ours = urllib.request.Request(f"{url}/api/jobs/", headers={"Authorization": f"Bearer {token}"} if token else {})
     while time.monotonic() < deadline:  # its dashboard comes up a moment after Ray
         with contextlib.suppress(OSError), urllib.request.urlopen(ours, timeout=2):
@@ -216,7 +217,7 @@ def refuse_to_stop_jobs(state: Path, dashboard_port: int) -> None:
     A ``make run``, a ``make catch-up`` or a notebook of another terminal works on the stack's Ray: restarting
     it (to add the dashboard) would stop them mid-run.
     """
-    service = ray_service.read_service(state)
+    service = stack_ray.read_service(state)
     if service is None or service.get("dashboard") == f"http://127.0.0.1:{dashboard_port}":
         return
     busy = running_jobs(service)
@@ -230,7 +231,7 @@ def running_jobs(service: dict) -> list[str]:
     """The drivers connected to the stack's Ray (notebooks, ``make run``), but the service's own: ``"pid N"`` each."""
     from ray._raylet import GcsClient
 
-    ray_service.send_its_token(service)
+    stack_ray.send_its_token(service)
     try:
         jobs = GcsClient(address=service["address"]).get_all_job_info(timeout=10)
     except Exception:  # noqa: BLE001 - a Ray that does not answer runs nothing worth keeping
@@ -247,9 +248,9 @@ def restore_stack_ray(state: Path) -> None:
 
 
 def ray_token(state: Path) -> str:
-    """The token of the stack's Ray, new at each of its starts (:func:`helpers.ray_service.token_file`)."""
+    """The token of the stack's Ray, new at each of its starts (:func:`helpers.stack_ray.token_file`)."""
     try:
-        return ray_service.read_token(state)
+        return stack_ray.read_token(state)
     except OSError as err:
         raise LabError(f"Could not read the token of the stack's Ray ({err}): run `make lab` again.") from None
 

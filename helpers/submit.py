@@ -25,24 +25,25 @@ import time
 from pathlib import Path
 
 from helpers.config import project_root
+from helpers.errors import TutorialError
 
 # Not sent with the job: the environment and state of this machine, earlier results, pictures.
 EXCLUDES = [".venv/", ".stack/", "runs/", ".git/", "docs/", "benchmarks/results/", "**/__pycache__/",
             ".ruff_cache/", ".pytest_cache/", "*.png", ".env"]
 
 
-class SubmitError(RuntimeError):
+class SubmitError(TutorialError, RuntimeError):
     """The job could not be submitted: no cluster, a refused token (the message says what to do)."""
 
 
 def dashboard_address(given: str | None = None) -> str:
     """The Jobs API's address: ``given``, ``RAY_API_SERVER_ADDRESS``, or the lab's dashboard."""
-    from helpers import ray_service
+    from helpers import stack_ray
     from helpers.config import state_dir
 
     address = given or os.environ.get("RAY_API_SERVER_ADDRESS")
     if not address:
-        service = ray_service.read_service(state_dir())
+        service = stack_ray.read_service(state_dir())
         address = service and service.get("dashboard")
     if not address:
         raise SubmitError("No Ray dashboard to submit to: start `make lab` (its Ray has one), or name a "
@@ -54,16 +55,16 @@ def _client(address: str):
     """A ``JobSubmissionClient`` that sends Ray's token where there is one."""
     from ray.job_submission import JobSubmissionClient
 
-    from helpers import ray_service
+    from helpers import stack_ray
     from helpers.cluster import TOKEN_HINT
     from helpers.config import state_dir
 
-    service = ray_service.read_service(state_dir())
+    service = stack_ray.read_service(state_dir())
     if service is not None and service.get("dashboard") and address.rstrip("/") == service["dashboard"]:
-        ray_service.send_its_token(service)  # the lab's Ray: its token of this start
+        stack_ray.send_its_token(service)  # the lab's Ray: its token of this start
     elif os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or (
             Path.home() / ".ray" / "auth_token").is_file():
-        ray_service.use_token_auth()
+        stack_ray.use_token_auth()
     try:
         return JobSubmissionClient(address)
     except Exception as err:  # noqa: BLE001 - Ray raises ConnectionError, RuntimeError, ValueError here

@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
+from helpers.errors import TutorialError
+
 _REQUEST_TIMEOUT_S = 3.0
 # MLflow's client retries a failed request 7 times with a backoff factor of 2 and waits 120 s for
 # an answer: minutes per call when the server went away. These bounds make it seconds.
@@ -128,7 +130,7 @@ def resume_run(client, run) -> tuple[str, str]:
     return run.info.run_id, run.info.run_name
 
 
-class TrackingUnavailable(RuntimeError):
+class TrackingUnavailable(TutorialError, RuntimeError):
     """No MLflow server answers at the configured tracking URI."""
 
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 
 from helpers.config import ConfigError, ParameterError, Settings, load_settings
+from helpers.errors import TutorialError
 
 LAKEFS_BUCKET = "lakefs"  # the bucket holding every repository's storage namespace
 HOW_TO_GET_LAKEFS = (
@@ -28,7 +29,7 @@ NAMESPACE_IN_USE = (
 )
 
 
-class LakeFSError(RuntimeError):
+class LakeFSError(TutorialError, RuntimeError):
     """lakeFS refused or failed an operation; the message says what to do."""
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import ray_service, stack
+from helpers import stack, stack_ray
 from helpers.config import project_root
 
 REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
@@ -520,10 +520,10 @@ def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, br
 
 def test_ctrl_c_stops_jupyterlab_and_the_dashboard_and_the_stack_s_ray_runs_again(lab, settings):
     state = Path(os.environ["STACK_STATE_DIR"])
-    dashboard = ray_service.read_service(state)["dashboard"]
+    dashboard = stack_ray.read_service(state)["dashboard"]
     assert lab.stop(signal.SIGINT) == 0, "\n".join(lab.output[-10:])
     assert "The stack's Ray is running again, without its dashboard." in lab.output
-    service = ray_service.read_service(state)
+    service = stack_ray.read_service(state)
     assert service is not None and service["dashboard"] is None
     import urllib.request
 
@@ -591,7 +591,7 @@ def test_a_learner_who_is_not_root_runs_a_ray_notebook_in_the_lab(browser, tmp_p
         assert summary(notebooks / "03_ray_data_preprocessing.ipynb")["actor processes"] == 2
         context.close()
         assert lab.stop(signal.SIGINT) == 0, "\n".join(lab.output[-10:])
-        token = ray_service.token_file(state)
+        token = stack_ray.token_file(state)
         assert token.stat().st_uid == home.stat().st_uid and token.stat().st_mode & 0o077 == 0, "their own Ray token"
     finally:
         if lab is not None and lab.proc.poll() is None:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import cluster, ray_service, runner, stack
+from helpers import cluster, runner, stack, stack_ray
 from helpers.config import project_root, state_dir
 
 
@@ -50,7 +50,7 @@ except cluster.RayUnavailable as err:
 
 @pytest.mark.slow
 def test_a_token_protected_ray_at_ray_address_names_the_variables_to_set(settings):
-    service = ray_service.read_service(state_dir())  # the stack's Ray: Ray's default, token authentication
+    service = stack_ray.read_service(state_dir())  # the stack's Ray: Ray's default, token authentication
     assert service["auth"] == "token"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}  # a driver without token mode
     env["RAY_ADDRESS"] = service["address"]

@@ -433,10 +433,10 @@ def assert_loopback_only(root: psutil.Process) -> None:
 def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(settings, monkeypatch):
     import ray
 
-    from helpers import ray_service
+    from helpers import stack_ray
     from helpers.config import state_dir
 
-    service = ray_service.read_service(state_dir())
+    service = stack_ray.read_service(state_dir())
     if service is None:
         pytest.skip("no stack's Ray: the services come from S3_ENDPOINT, not a stack started here")
     cluster.shutdown_ray()

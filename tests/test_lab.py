@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from helpers import lab as lab_module
-from helpers import ray_service, stack
+from helpers import stack, stack_ray
 from helpers.config import project_root
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def printed_url(lines: list[str], name: str) -> str:
 
 def assert_cleaned_up(ports: dict[str, int], jupyter: bool = True) -> None:
     """JupyterLab and the dashboard gone, the stack's Ray running again without its dashboard."""
-    service = ray_service.read_service(state())
+    service = stack_ray.read_service(state())
     assert service is not None and service["dashboard"] is None
     assert not port_open(ports["dashboard"]) and not port_open(ports["sign_in"])
     if jupyter:
@@ -135,7 +135,7 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
         second = subprocess.run(lab_command(stack.free_ports(["jupyter", "dashboard", "sign_in"])),
                                 cwd=project_root(), capture_output=True, text=True, timeout=60)
         assert second.returncode == 1 and f"make lab is already running (pid {proc.pid})" in second.stderr
-        assert ray_service.read_service(state())["dashboard"] == dashboard
+        assert stack_ray.read_service(state())["dashboard"] == dashboard
     finally:
         proc.send_signal(signal.SIGINT)
         assert finish(proc, lines) == 0
@@ -220,7 +220,7 @@ def test_jupyterlab_s_token_goes_only_to_a_port_jupyterlab_itself_listens_on(tmp
 
 def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(settings):
     ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
-    ray_before = ray_service.read_service(state())
+    ray_before = stack_ray.read_service(state())
     with socket.socket() as taken:  # another program holds JupyterLab's port
         taken.bind(("127.0.0.1", ports["jupyter"]))
         taken.listen()
@@ -232,7 +232,7 @@ def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(sett
     assert f"port {ports['jupyter']} is not available" in errors[0]
     assert "Open:" not in result.stdout, "no URLs for a lab that is not there"
     assert time.monotonic() - started < 60
-    assert ray_service.read_service(state())["pid"] == ray_before["pid"], "the stack's Ray was not touched"
+    assert stack_ray.read_service(state())["pid"] == ray_before["pid"], "the stack's Ray was not touched"
 
 
 def test_a_jupyter_config_that_turns_the_token_off_stops_the_lab_in_one_line(settings, tmp_path):
@@ -258,11 +258,11 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
     proc.wait(timeout=10)
     assert leftover.is_running() and port_open(ports["dashboard"])
     # ... and the next lab stops that JupyterLab and keeps the Ray, which has the dashboard already.
-    ray_pid = ray_service.read_service(state())["pid"]
+    ray_pid = stack_ray.read_service(state())["pid"]
     proc, lines = start(ports)
     assert f"Stopped the JupyterLab an earlier make lab left running (pid {leftover.pid})." in lines
     assert not psutil.pid_exists(leftover.pid) or leftover.status() == psutil.STATUS_ZOMBIE
-    assert ray_service.read_service(state())["pid"] == ray_pid
+    assert stack_ray.read_service(state())["pid"] == ray_pid
     proc.send_signal(signal.SIGHUP)  # the terminal closed
     assert finish(proc, lines) == 0 and "Stopping (SIGHUP) ..." in lines
     assert_cleaned_up(ports)
@@ -296,7 +296,7 @@ def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
 def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_path):
     """A notebook (a `make run`, a `make catch-up`) runs on the stack's Ray: the lab would restart that Ray to add
     its dashboard and stop the notebook mid-run. It refuses, in one line naming the job, and touches nothing."""
-    service = ray_service.read_service(state())
+    service = stack_ray.read_service(state())
     script = tmp_path / "driver.py"
     script.write_text("import time\nfrom helpers import cluster\ncluster.init_ray()\nprint('joined', flush=True)\n"
                       "time.sleep(120)\n")
@@ -308,7 +308,7 @@ def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_pa
         assert result.returncode == 1, result.stdout + result.stderr
         errors = [line for line in result.stderr.splitlines() if line.strip()]
         assert len(errors) == 1 and "The stack's Ray runs 1 job(s)" in errors[0] and f"pid {driver.pid}" in errors[0]
-        assert ray_service.read_service(state())["pid"] == service["pid"], "the stack's Ray was not restarted"
+        assert stack_ray.read_service(state())["pid"] == service["pid"], "the stack's Ray was not restarted"
         assert driver.poll() is None, "the job goes on"
     finally:
         driver.kill()

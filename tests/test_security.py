@@ -163,16 +163,16 @@ def test_a_remembered_ray_address_counts_only_while_the_stacks_own_process_liste
     import subprocess
     import sys
 
-    from helpers import ray_service
+    from helpers import stack_ray
 
-    real = ray_service.read_service(state)
+    real = stack_ray.read_service(state)
     assert real is not None, "the session stack's Ray, proven by its GCS port"
     records = tmp_path / "records"
     records.mkdir()
 
     def recorded(**changes) -> dict | None:
-        (records / ray_service.SERVICE_FILE).write_text(json.dumps({**real, **changes}))
-        return ray_service.read_service(records)
+        (records / stack_ray.SERVICE_FILE).write_text(json.dumps({**real, **changes}))
+        return stack_ray.read_service(records)
 
     with socket.socket() as impostor:  # another program holds a port the record names
         impostor.bind(("127.0.0.1", 0))
@@ -197,10 +197,10 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
     import sys
     import time
 
-    from helpers import ray_service, stack
+    from helpers import ray_service, stack, stack_ray
     from helpers.config import project_root
 
-    assert ray_service.refuses_clients_without_token(ray_service.read_service(state)["address"])  # the session's
+    assert stack_ray.refuses_clients_without_token(stack_ray.read_service(state)["address"])  # the session's
     own = tmp_path / "state"  # a Ray of this test's own, with the session stack's services
     own.mkdir(mode=0o700)
     for name in ("stack.env", "mlflow-auth.json"):
@@ -220,12 +220,12 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
             line = ray.stdout.readline()
             assert line, "the Ray service ended:\n" + "".join(lines[-20:])
             lines.append(line)
-        info = json.loads((own / ray_service.SERVICE_FILE).read_text())
-        assert info["auth"] == "token" and ray_service.refuses_clients_without_token(info["address"])
-        assert ray_service.refuses_clients_without_token(info["address"], wrong_token="read-by-anyone"), (
+        info = json.loads((own / stack_ray.SERVICE_FILE).read_text())
+        assert info["auth"] == "token" and stack_ray.refuses_clients_without_token(info["address"])
+        assert stack_ray.refuses_clients_without_token(info["address"], wrong_token="read-by-anyone"), (
             "the stack's Ray took the token file others could read")
-        assert info["token_file"] == str(ray_service.token_file(own)), "a token of its own, in the state folder"
-        assert ray_service.token_file(own).stat().st_mode & 0o077 == 0
+        assert info["token_file"] == str(stack_ray.token_file(own)), "a token of its own, in the state folder"
+        assert stack_ray.token_file(own).stat().st_mode & 0o077 == 0
         assert token.read_text() == "read-by-anyone", "the learner's own file, left as it was"
     finally:
         ray.terminate()

@@ -285,11 +285,11 @@ def test_a_request_without_the_endpoint_s_key_is_refused(served, authorization):
 def test_the_endpoint_s_key_goes_only_to_a_port_serve_s_proxy_holds(served):
     """Between choosing Serve's port and its proxy binding it, any user may bind the port: notebook 08 checks, before
     its first request, that the port is this Ray's own, and stops in one line where it is not. Nothing is sent."""
-    from helpers.stack import PortInUseError
+    from helpers.serving_support import ServePortTaken
     from tests.room_intruder import waiting_at_a_door
 
     serving_support.check_serve_port(int(served.url.rsplit(":", 1)[1].split("/")[0]))  # Serve's own: nothing said
-    with waiting_at_a_door() as (port, heard), pytest.raises(PortInUseError, match=f"Port {port} is held by another"):
+    with waiting_at_a_door() as (port, heard), pytest.raises(ServePortTaken, match=f"Port {port} is held by another"):
         serving_support.check_serve_port(port)
     assert heard == []
 

@@ -566,13 +566,13 @@ def test_a_program_at_ray_s_port_after_its_gcs_died_hears_nothing_and_ray_moves_
     """Ray's GCS was killed alone, as the out-of-memory killer does, and another program bound its port at once:
     every other process of that Ray stops with it, so nothing calls the port (the token travels with every call),
     and ``up`` starts Ray on a free port with a token of its own, which the old one does not open."""
-    from helpers import ray_service
+    from helpers import stack_ray
     from tests.room_intruder import waiting_at_a_grpc_door
 
     (state / "ports.json").write_text(json.dumps(private_ports()))  # chosen by the stack, not by the learner
     assert stack.up(state, with_mlflow=False, with_lakefs=False)[3].healthy
-    old = ray_service.read_service(state)
-    old_token, old_port = ray_service.read_token(state), int(old["address"].rpartition(":")[2])
+    old = stack_ray.read_service(state)
+    old_token, old_port = stack_ray.read_token(state), int(old["address"].rpartition(":")[2])
     family = psutil.Process(old["pid"]).children(recursive=True)
     [gcs] = [p for p in family if p.name() == "gcs_server"]
     gcs.kill()
@@ -582,12 +582,12 @@ def test_a_program_at_ray_s_port_after_its_gcs_died_hears_nothing_and_ray_moves_
         time.sleep(2)
     assert heard == [], f"{len(heard)} calls reached the program at Ray's old port, the first: {heard[:1]}"
     assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "left running"
-    new = ray_service.read_service(state)
+    new = stack_ray.read_service(state)
     assert rows["ray"].healthy and new["address"] != old["address"]
     assert f"Ports another program holds, moved: ray {old_port} -> " in capsys.readouterr().out
-    assert ray_service.read_token(state) != old_token
-    assert oct(ray_service.token_file(state).stat().st_mode)[-3:] == "600"
-    assert ray_service.refuses_clients_without_token(new["address"], wrong_token=old_token), "the old token opens it"
+    assert stack_ray.read_token(state) != old_token
+    assert oct(stack_ray.token_file(state).stat().st_mode)[-3:] == "600"
+    assert stack_ray.refuses_clients_without_token(new["address"], wrong_token=old_token), "the old token opens it"
     assert "died: every process of this Ray stopped" in (state / "logs" / "ray.log").read_text()
 
 

@@ -106,7 +106,7 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
     """Another Ray of this user, started by ``ray start`` in Ray's default temporary folder, is where Ray's
     ``"auto"`` points by default; a job submitted to the lab's Ray must still join the lab's Ray (its notebook
     joined the other one, where the job's files are not, and failed)."""
-    from helpers import ray_service, submit, worker_env
+    from helpers import stack_ray, submit, worker_env
 
     worker_env.private_ray_tmpdir()
     port = stack.free_ports(["ray"])["ray"]
@@ -128,7 +128,7 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
         while not client.get_job_status(job).is_terminal():
             assert time.monotonic() < deadline, "the job did not end in 120 s"
             time.sleep(0.5)
-        lab_address = ray_service.read_service(Path(os.environ["STACK_STATE_DIR"]))["address"]
+        lab_address = stack_ray.read_service(Path(os.environ["STACK_STATE_DIR"]))["address"]
         assert f"joins {lab_address}" in client.get_job_logs(job), (client.get_job_logs(job), lab_address)
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
