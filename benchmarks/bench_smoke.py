@@ -17,10 +17,12 @@ notebook's kernel start, imports and Ray start, plus every start it pays, each a
 with no work in it: each Ray Train fit it started (Ray's actor table: one ``TrainController`` each) at
 an empty fit's seconds, each Ray Data pipeline it ran (Ray Data's own record of every execution)
 at an empty pipeline's seconds, one of two actors where the pipeline started actors (Ray's actor
-table: ``_MapWorker``s), else one of tasks, and each Tune sweep at the seconds of a sweep with
-notebook 05's trials and concurrency whose trials only report once. Notebooks 03, 04, 05 and 07 at most
-2x that floor. The older floor (one fit for 04 and 05, 03's timed pipelines only) and the yardsticks stay in the JSON
-for the runs before.
+table: ``_MapWorker``s), else one of tasks, each Tune sweep at the seconds of a sweep with
+notebook 05's trials and concurrency whose trials only report once, each Tune trial at a new worker
+process importing PyTorch, each Serve start at ``serve.start`` and ``serve.run`` of an empty deployment,
+and each model actor (07's, 08's replicas) at a new worker process loading the champion. Notebooks
+03-08 at most 2x that floor. The older floors (one fit for 04 and 05, 03's timed pipelines only; no
+trial, Serve or model actor counted) and the yardsticks stay in the JSON for the runs before.
 
     python benchmarks/bench_smoke.py                  # 01-05 (06 too where lakeFS runs), 3 repeats
     python benchmarks/bench_smoke.py --lakefs-double  # 06 against the tests' lakeFS API double where none runs
@@ -51,9 +53,12 @@ from common import RESULTS, lakefs_or_double, machine, print_table, summary_fact
 from helpers import timings  # noqa: E402
 
 # Targets in yardsticks (a plain PyTorch epoch of the same run).
+REGISTERED_MODEL = "mnist-classifier"  # notebooks 06-08's registry name, at their defaults
 TARGETS = {"notebooks 01-05": 130, "any notebook": 45, "04": 33, "ray start": 9, "06": 65}
 # Targets as multiples of each notebook's floor, every start counted, measured in the same run (see floors()).
-FLOOR_TARGETS = {"03": 2.0, "04": 2.0, "05": 2.0, "07": 2.0}
+FLOOR_TARGETS = {"03": 2.0, "04": 2.0, "05": 2.0, "06": 2.0, "07": 2.0, "08": 2.0}
+# Where a notebook's model actors are started, the parameter that says how many (each loads the model).
+MODEL_ACTORS = {"07": "num_actors", "08": "num_replicas"}
 
 
 def yardstick(repeats: int = 3) -> float:
@@ -264,6 +269,83 @@ def new_worker_process(repeats: int = 3) -> float:
     return statistics.median(seconds)
 
 
+def _loads_model(model_uri: str) -> bool:
+    import mlflow.pytorch
+
+    mlflow.pytorch.load_model(model_uri)
+    return True
+
+
+def model_load(model_uri: str, repeats: int = 3) -> float:
+    """Median seconds for Ray to start a new worker process that imports MLflow and PyTorch and loads ``model_uri``.
+
+    What each model actor of notebook 07's pipeline and each replica of notebook 08's deployment pays before
+    its first batch (a new ``runtime_env`` each time, so Ray starts a process for it, as for those actors).
+    """
+    import ray
+
+    from helpers import cluster
+
+    cluster.init_ray()
+    probe = ray.remote(num_cpus=0)(_loads_model)
+    seconds = []
+    try:
+        for number in range(repeats):
+            clock = time.perf_counter()
+            ray.get(probe.options(runtime_env={"env_vars": {"SMOKE_PROBE": f"{uuid.uuid4().hex}-{number}"}}).remote(
+                model_uri))
+            seconds.append(time.perf_counter() - clock)
+    finally:
+        cluster.shutdown_ray()
+    return statistics.median(seconds)
+
+
+def empty_serve(repeats: int = 3) -> float:
+    """Median seconds of Serve's start and ``serve.run`` of a deployment that does nothing, up to its first answer.
+
+    What notebook 08's ``serve.start`` and ``serve.run`` pay before any model is loaded: Serve's controller,
+    its HTTP proxy, one replica (a new process).
+    """
+    import ray
+    from ray import serve
+
+    from helpers import cluster
+    from helpers.serving_support import http_port
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    class Nothing:
+        def __call__(self, request) -> str:
+            return "ok"
+
+    cluster.init_ray()
+    seconds = []
+    try:
+        for number in range(repeats):
+            clock = time.perf_counter()
+            serve.start(http_options={"host": "127.0.0.1", "port": http_port()})
+            handle = serve.run(Nothing.bind(), name=f"empty-{number}", route_prefix=f"/empty-{number}")
+            handle.remote(None).result(timeout_s=60)
+            seconds.append(time.perf_counter() - clock)
+            serve.shutdown()
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+    return statistics.median(seconds)
+
+
+def model_actors(notebooks: list[Path]) -> dict[str, int]:
+    """How many model actors each notebook of :data:`MODEL_ACTORS` starts at its defaults (read from its parameters)."""
+    import papermill
+
+    counts = {}
+    for notebook in notebooks:
+        name = MODEL_ACTORS.get(notebook.name[:2])
+        if name:
+            counts[notebook.name[:2]] = int(papermill.inspect_notebook(str(notebook))[name]["default"])
+    return counts
+
+
 def cell_durations(notebook: Path, minimum: float = 0.5) -> list[dict]:
     """Cells that took at least ``minimum`` seconds: index, first code line, seconds (papermill's metadata)."""
     cells = []
@@ -452,15 +534,20 @@ def verdict(summary: list[dict], stick: float) -> dict[str, dict]:
 
 
 def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds: float,
-           empty_task_pipeline_seconds: float, empty_sweep_seconds: float = 0.0) -> dict[str, dict]:
+           empty_task_pipeline_seconds: float, empty_sweep_seconds: float = 0.0, starts: dict | None = None
+           ) -> dict[str, dict]:
     """Each Ray notebook's time as a multiple of its floor: what it cannot avoid paying, every start counted.
 
     The floor: the notebook's own kernel start, imports and Ray start (spans of the same run), plus each
     Ray Train fit it started at the seconds of a fit whose loop only reports once, plus each Ray Data
     pipeline it ran at the seconds of a one-row pipeline, through two actors where it started actors, else
     through a task, plus each Tune sweep it ran (its "sweep" spans) at the seconds of a sweep of notebook
-    05's trials that only report once (all timed in the same run on the same Ray).
+    05's trials that only report once (all timed in the same run on the same Ray). ``starts`` adds the
+    starts measured since: ``"new process"`` seconds for each Tune trial (its own worker process importing
+    PyTorch), ``"serve"`` for each Serve start (its "serve.run" spans), ``"model load"`` for each model
+    actor (``"model actors"``: their number by notebook).
     """
+    starts = starts or {}
     out = {}
     for row in summary:
         parts = row["breakdown_seconds"]
@@ -469,14 +556,22 @@ def floors(summary: list[dict], empty_fit_seconds: float, empty_pipeline_seconds
         number = row["notebook"]
         start = parts.get("kernel start + imports", 0.0) + parts["ray start"]
         fits, pipelines = row.get("fits", 0), row.get("pipelines", {})
-        sweeps = row.get("breakdown_counts", {}).get("sweep", 0)
+        counts = row.get("breakdown_counts", {})
+        sweeps = counts.get("sweep", 0)
+        trials = counts.get("tune: trial", 0) if "new process" in starts else 0
+        serves = sum(n for label, n in counts.items() if label.startswith("serve.run")) if "serve" in starts else 0
+        models = starts.get("model actors", {}).get(number, 0) if "model load" in starts else 0
         each_start = (start + fits * empty_fit_seconds + pipelines.get("actors", 0) * empty_pipeline_seconds
-                      + pipelines.get("tasks", 0) * empty_task_pipeline_seconds + sweeps * empty_sweep_seconds)
+                      + pipelines.get("tasks", 0) * empty_task_pipeline_seconds + sweeps * empty_sweep_seconds
+                      + trials * starts.get("new process", 0.0) + serves * starts.get("serve", 0.0)
+                      + models * starts.get("model load", 0.0))
         target = FLOOR_TARGETS.get(number)
         multiple = row["seconds"] / each_start
         out[number] = {"seconds": row["seconds"], "kernel and ray start": round(start, 2), "fits": fits,
                        "actor pipelines": pipelines.get("actors", 0), "task pipelines": pipelines.get("tasks", 0),
-                       "sweeps": sweeps, "floor_each_start": round(each_start, 2),
+                       "sweeps": sweeps, **({"trials": trials, "serve starts": serves, "model loads": models}
+                                            if starts else {}),
+                       "floor_each_start": round(each_start, 2),
                        "multiple_each_start": round(multiple, 2), "target": target,
                        "met": None if target is None else multiple <= target}
     return out
@@ -527,8 +622,9 @@ def main(argv: list[str] | None = None) -> int:
     pipeline = empty_pipeline()
     task_pipeline = empty_pipeline(actors=False)
     sweep = empty_sweep()
+    serve_start = empty_serve()
     print(f"Ray Train fit with an empty loop: {floor['seconds']:.1f} s; a new worker process importing "
-          f"PyTorch: {process:.1f} s", flush=True)
+          f"PyTorch: {process:.1f} s; Serve's start and an empty deployment: {serve_start:.1f} s", flush=True)
     repeats = []
     try:
         for number in range(args.repeats):
@@ -547,14 +643,18 @@ def main(argv: list[str] | None = None) -> int:
         stack.down(only=("ray",))  # and up again without the span file
         stack.up()
         shutil.rmtree(folder, ignore_errors=True)
+    loaded = model_load(f"models:/{REGISTERED_MODEL}@champion")  # the one 07 and 08 served in these runs
+    print(f"A new worker process loading the champion: {loaded:.1f} s", flush=True)
     stick = statistics.median(sticks)
     summary = summarise(repeats, stick)
     if not lakefs:
         ran_06 = any(row["notebook"] == "06" and row["status"] == ["ok"] for row in summary)
         lakefs = f"lakeFS at {load_settings().lakefs_endpoint}" if ran_06 else "not available: notebook 06 skipped"
     targets = verdict(summary, stick)
+    starts = {"new process": round(process, 2), "serve": round(serve_start, 2), "model load": round(loaded, 2),
+              "model actors": model_actors(notebooks)}
     multiples = floors(summary, round(floor["seconds"], 1), round(pipeline, 2), round(task_pipeline, 2),
-                       round(sweep["seconds"], 2))
+                       round(sweep["seconds"], 2), starts)
 
     path = RESULTS / "smoke.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
@@ -569,6 +669,8 @@ def main(argv: list[str] | None = None) -> int:
         "empty_ray_data_pipeline_two_actors_seconds": round(pipeline, 2),
         "empty_ray_data_pipeline_tasks_seconds": round(task_pipeline, 2),
         "empty_tune_sweep": {**sweep, "seconds": round(sweep["seconds"], 2)},
+        "empty_serve_seconds": round(serve_start, 2), "model_load_new_process_seconds": round(loaded, 2),
+        "model_actors": starts["model actors"],
         "ray": args.ray, "floors": multiples, "notebooks": summary, "targets": targets, "raw": repeats}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(stored, indent=2) + "\n")
@@ -584,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(f"Against the floor ({args.ray}'s Ray: kernel start + imports + Ray start + every fit and pipeline "
                 "started, each empty)", [{"notebook": k, **v} for k, v in multiples.items()],
                 ["notebook", "seconds", "kernel and ray start", "fits", "actor pipelines", "task pipelines", "sweeps",
-                 "floor_each_start", "multiple_each_start", "target", "met"])
+                 "trials", "serve starts", "model loads", "floor_each_start", "multiple_each_start", "target", "met"])
     print(f"\nRay Train fit with an empty loop (2 workers): {floor['seconds']:.1f} s = "
           f"{floor['seconds'] / stick:.1f} yardsticks; {floor['actors']} actors, each a new process, up after (s): "
           + ", ".join(f"{name} {up:.1f}" for name, up in floor["up_after_seconds"].items()))

@@ -165,6 +165,7 @@ STEPS = {"upload": "upload, notebook 01's append mode", "list, recursive": "list
          "epoch, streamed": "one Ray Train epoch, streamed from Ray Data",
          "epoch, cached shards": "one Ray Train epoch, from the cached shards",
          "inference": "notebook 07's batch inference (the test images)"}
+EVERY_START = "every start counted"  # the smoke.json run whose floors count trials, Serve and model actors too
 # why a notebook pays the same start more than once (the floors of the smoke path)
 REPEATED_STARTS = {"03": "its Ray Data pipelines are timed one by one so the learner can rank them: dropping one "
                          "would drop the comparison the notebook teaches",
@@ -541,10 +542,14 @@ def starts_text(row: dict, run: dict) -> str:
     actor_pipeline = run.get("empty_ray_data_pipeline_two_actors_seconds")
     task_pipeline = run.get("empty_ray_data_pipeline_tasks_seconds")
     sweep = run.get("empty_tune_sweep", {}).get("seconds")
+    process = run.get("new_worker_process_with_torch", {}).get("seconds")
     parts = []
     for key, noun, each in (("fits", "fit", fit), ("pipelines", "pipeline", actor_pipeline),
                             ("actor pipelines", "actor pipeline", actor_pipeline),
-                            ("task pipelines", "task pipeline", task_pipeline), ("sweeps", "sweep", sweep)):
+                            ("task pipelines", "task pipeline", task_pipeline), ("sweeps", "sweep", sweep),
+                            ("trials", "trial", process),
+                            ("serve starts", "Serve start", run.get("empty_serve_seconds")),
+                            ("model loads", "model load", run.get("model_load_new_process_seconds"))):
         number = row.get(key)
         if isinstance(number, dict):  # a notebook row's pipelines: {"actors": n, "tasks": n}
             number = sum(number.values())
@@ -556,8 +561,8 @@ def starts_text(row: dict, run: dict) -> str:
 def starts_count(row: dict) -> int:
     """How many fits, pipelines and sweeps a floors row counts, in either format of ``smoke.json``."""
     pipelines = row.get("pipelines") or 0
-    return (row.get("fits") or 0) + (row.get("actor pipelines") or 0) + (row.get("task pipelines") or 0) + (
-        row.get("sweeps") or 0) + (
+    counted = ("fits", "actor pipelines", "task pipelines", "sweeps", "trials", "serve starts", "model loads")
+    return sum(row.get(key) or 0 for key in counted) + (
         sum(pipelines.values()) if isinstance(pipelines, dict) else pipelines)
 
 
@@ -709,10 +714,17 @@ def smoke_section(smoke: dict) -> list[str]:
                "imports and Ray start, plus each start it pays, at what that start costs with no work in it: a Ray "
                "Train fit whose loop only reports once, a one-row Ray Data pipeline, a Tune sweep of notebook "
                "05's trials that only report once.")
+    every = runs.get(EVERY_START)
     for run in (after, lab):
         if run and run.get("floors"):
             out.append(f"On {ray_label(run)}, yardstick {secs(run.get('yardstick_seconds'))} s:")
             out.append(floors_table(run))
+    if every and every.get("floors"):
+        out.append(f"With every start counted (`{EVERY_START}`, measured {str(every.get('measured_at'))[:10]}): each "
+                   "Tune trial at a new worker process importing PyTorch, each Serve start at `serve.start` and "
+                   "`serve.run` of a deployment that does nothing, each model actor (07's pool, 08's replica) at a new "
+                   "worker process loading the champion, all timed in that run:")
+        out.append(floors_table(every))
     notes = []
     for number, row in after.get("floors", {}).items():
         if starts_count(row) > 1 and row.get("floor_each_start") is not None:

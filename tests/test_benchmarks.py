@@ -176,6 +176,30 @@ def test_each_ray_notebook_is_judged_against_its_own_floor_every_start_counted()
     assert floors["07"]["floor_each_start"] == 2.0 + 4.0 + 1.5 and not floors["07"]["met"]
 
 
+def test_every_start_counted_adds_each_trial_each_serve_start_and_each_model_actor():
+    def row(number, seconds, counts, actors=0):
+        return {"notebook": number, "status": ["ok"], "seconds": seconds, "fits": 0,
+                "breakdown_seconds": {"kernel start + imports": 1.0, "ray start": 1.0},
+                "pipelines": {"actors": actors, "tasks": 0}, "breakdown_counts": counts}
+
+    summary = [row("05", 40.0, {"sweep": 1, "tune: trial": 8}),
+               row("07", 30.0, {}, actors=1),
+               row("08", 30.0, {"serve.run: replica started, model loaded": 1})]
+    starts = {"new process": 3.0, "serve": 4.0, "model load": 5.0, "model actors": {"07": 2, "08": 1}}
+    floors = bench_smoke.floors(summary, 10.0, 2.0, 0.5, 6.0, starts)
+    assert floors["05"]["floor_each_start"] == 2.0 + 6.0 + 8 * 3.0 and floors["05"]["trials"] == 8
+    assert floors["07"]["floor_each_start"] == 2.0 + 2.0 + 2 * 5.0 and floors["07"]["model loads"] == 2
+    assert floors["08"]["floor_each_start"] == 2.0 + 4.0 + 5.0 and floors["08"]["serve starts"] == 1
+    assert floors["08"]["target"] == 2.0 and not floors["08"]["met"]  # 30 / 11
+    without = bench_smoke.floors(summary, 10.0, 2.0, 0.5, 6.0)  # the runs before: none of these counted
+    assert without["08"]["floor_each_start"] == 2.0 and "trials" not in without["05"]
+
+
+def test_model_actors_are_read_from_the_notebooks_parameters():
+    notebooks = sorted((Path(__file__).parents[1] / "notebooks").glob("0[78]_*.ipynb"))
+    assert bench_smoke.model_actors(notebooks) == {"07": 2, "08": 1}
+
+
 def test_the_empty_sweep_has_notebook_05_s_default_trials_and_concurrency():
     nb = json.loads(next((Path(__file__).parents[1] / "notebooks").glob("05_*.ipynb")).read_text())
     (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
