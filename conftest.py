@@ -10,7 +10,7 @@ first notebook nbval runs.
 nbval (``--nbval-lax``, in ``make test``) runs every notebook top to bottom at
 its defaults and compares the cells tagged ``nbval-check-output`` with their
 committed outputs (``tests/nbval_sanitize.cfg`` says what may differ). The
-notebooks run in one test process, first, in order 01-07, on that process's
+notebooks run in one test process, first, in order 01-08, on that process's
 fresh stack: the run ``make notebooks`` made the committed outputs from.
 
 lakeFS: where ``LAKEFS_ENDPOINT`` is set, the lakeFS tests run against that

@@ -83,7 +83,7 @@ def _hold(port: int) -> socket.socket | None:
         return None
 
 
-def _fate_shared(stopping: threading.Event) -> None:
+def _fate_shared(state: Path, stopping: threading.Event, dashboard: bool) -> None:
     """Stop every process of this Ray, this one last, when its GCS, raylet or dashboard dies, holding its ports.
 
     Killed alone (the out-of-memory killer picks one process), it leaves the others calling its ports with the
@@ -95,14 +95,16 @@ def _fate_shared(stopping: threading.Event) -> None:
     from ray._private import ray_constants, worker
 
     kinds = (ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET,
-             ray_constants.PROCESS_TYPE_DASHBOARD)
-    core = [(kind, info.process) for kind in kinds for info in worker._global_node.all_processes.get(kind, [])]
+             *([ray_constants.PROCESS_TYPE_DASHBOARD] if dashboard else []))  # else Ray's own, not required
+    core = [(kind, info.process) for kind in kinds for info in worker._global_node.all_processes.get(kind, [])
+            if info.process.poll() is None]
     doors = {process.pid: _listening_ports(process.pid) for _, process in core}
 
     def watch(kind: str, process) -> None:
         process.wait()
         if stopping.is_set():
             return
+        (state / SERVICE_FILE).unlink(missing_ok=True)  # no driver joins a Ray that is going
         held = [_hold(port) for port in doors[process.pid]]
         for child in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
@@ -167,8 +169,6 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
         ray.shutdown()
         sys.exit("error: Ray started without token authentication, open to every user of this machine, and was "
                  "stopped. Unset RAY_AUTH_MODE, or set it to token, and run `python -m helpers.stack up` again.")
-    stopping = threading.Event()
-    _fate_shared(stopping)
     # The address file "auto" reads (`ray start` writes one, `ray.init` does not; its name is Ray's business).
     write_ray_address(ray.get_runtime_context().gcs_address, ray._private.worker._global_node.get_temp_dir_path())
     dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
@@ -182,7 +182,9 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    stopping = threading.Event()
     try:
+        _fate_shared(state, stopping, dashboard is not None)
         write_private(state / SERVICE_FILE, json.dumps(info, indent=2))
         print(f"Ray is up at {info['address']} with {info['cpus']} CPUs", flush=True)
         while True:

@@ -51,6 +51,15 @@ def dashboard_address(given: str | None = None) -> str:
     return address if "://" in address else f"http://{address}"
 
 
+def _same_local_address(address: str, dashboard: str) -> bool:
+    """Whether ``address`` names the lab's ``dashboard`` (``localhost`` and ``127.0.0.1`` alike)."""
+    from urllib.parse import urlsplit
+
+    given, lab = urlsplit(address if "://" in address else f"http://{address}"), urlsplit(dashboard)
+    local = ("127.0.0.1", "localhost")
+    return given.hostname in local and lab.hostname in local and given.port == lab.port
+
+
 def _client(address: str):
     """A ``JobSubmissionClient`` that sends Ray's token where there is one."""
     from ray.job_submission import JobSubmissionClient
@@ -60,7 +69,7 @@ def _client(address: str):
     from helpers.config import state_dir
 
     service = stack_ray.read_service(state_dir())
-    if service is not None and service.get("dashboard") and address.rstrip("/") == service["dashboard"]:
+    if service is not None and service.get("dashboard") and _same_local_address(address, service["dashboard"]):
         stack_ray.send_its_token(service)  # the lab's Ray: its token of this start
     elif os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or (
             Path.home() / ".ray" / "auth_token").is_file():
