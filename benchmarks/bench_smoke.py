@@ -631,9 +631,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run {number + 1} of {args.repeats}", flush=True)
             out_dir = folder / str(number)
             out_dir.mkdir()
-            # The double forgets its repositories when it stops, the bucket keeps their namespaces:
-            # a new repository name per run (a real lakeFS keeps the repository and reuses it).
-            parameters = {"06": {"repo_name": f"smoke-{uuid.uuid4().hex[:8]}"}} if "double" in lakefs else {}
+            # The double forgets its repositories when it stops, the bucket keeps their namespaces: a new
+            # repository name per run (a real lakeFS keeps the repository and reuses it), and a registered
+            # model of its own, whose champion's commits are in a repository the double still holds.
+            fresh = f"smoke-{uuid.uuid4().hex[:8]}"
+            parameters = {"06": {"repo_name": fresh, "registered_model": fresh}} if "double" in lakefs else {}
             repeats.append(run_once(notebooks, out_dir, parameters, spans_file))
             sticks.append(yardstick())
             print(f"yardstick: {sticks[-1]:.3f} s", flush=True)
