@@ -245,28 +245,35 @@ def _imports_torch() -> bool:
     return True
 
 
-def new_worker_process(repeats: int = 3) -> float:
-    """Median seconds for Ray to start a new worker process that imports PyTorch and Ray Train.
+def in_a_new_worker_process(function, *args, repeats: int = 3) -> float:
+    """Median seconds for Ray to start a new worker process and run ``function(*args)`` in it.
 
-    The unit Ray Train's start is made of. The probe is a task with a ``runtime_env`` of its own
-    (a new one each time), so Ray starts a process for it, as it does for every actor of a fit:
-    Ray Train gives its controller a ``runtime_env``, and Ray's prestarted idle workers have none.
+    The probe is a task with a ``runtime_env`` of its own (a new one each time), so Ray starts a process for
+    it, as it does for every actor of a fit (Ray Train gives its controller a ``runtime_env``, and Ray's
+    prestarted idle workers have none) and for Ray Data's and Serve's model actors.
     """
     import ray
 
     from helpers import cluster
 
     cluster.init_ray()
-    probe = ray.remote(num_cpus=0)(_imports_torch)
+    probe = ray.remote(num_cpus=0)(function)
     seconds = []
     try:
         for number in range(repeats):
             clock = time.perf_counter()
-            ray.get(probe.options(runtime_env={"env_vars": {"SMOKE_PROBE": f"{uuid.uuid4().hex}-{number}"}}).remote())
+            fresh = {"env_vars": {"SMOKE_PROBE": f"{uuid.uuid4().hex}-{number}"}}
+            ray.get(probe.options(runtime_env=fresh).remote(*args))
             seconds.append(time.perf_counter() - clock)
     finally:
         cluster.shutdown_ray()
     return statistics.median(seconds)
+
+
+def new_worker_process(repeats: int = 3) -> float:
+    """Median seconds for a new worker process that imports PyTorch and Ray Train: the unit Ray Train's start is
+    made of."""
+    return in_a_new_worker_process(_imports_torch, repeats=repeats)
 
 
 def _loads_model(model_uri: str) -> bool:
@@ -277,27 +284,10 @@ def _loads_model(model_uri: str) -> bool:
 
 
 def model_load(model_uri: str, repeats: int = 3) -> float:
-    """Median seconds for Ray to start a new worker process that imports MLflow and PyTorch and loads ``model_uri``.
-
-    What each model actor of notebook 07's pipeline and each replica of notebook 08's deployment pays before
-    its first batch (a new ``runtime_env`` each time, so Ray starts a process for it, as for those actors).
+    """Median seconds for a new worker process that imports MLflow and PyTorch and loads ``model_uri``: what each
+    model actor of notebook 07's pipeline and each replica of notebook 08's deployment pays before its first batch.
     """
-    import ray
-
-    from helpers import cluster
-
-    cluster.init_ray()
-    probe = ray.remote(num_cpus=0)(_loads_model)
-    seconds = []
-    try:
-        for number in range(repeats):
-            clock = time.perf_counter()
-            ray.get(probe.options(runtime_env={"env_vars": {"SMOKE_PROBE": f"{uuid.uuid4().hex}-{number}"}}).remote(
-                model_uri))
-            seconds.append(time.perf_counter() - clock)
-    finally:
-        cluster.shutdown_ray()
-    return statistics.median(seconds)
+    return in_a_new_worker_process(_loads_model, model_uri, repeats=repeats)
 
 
 def empty_serve(repeats: int = 3) -> float:
