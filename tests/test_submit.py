@@ -192,3 +192,13 @@ def test_make_submit_runs_04_on_a_two_node_cluster_on_loopback(settings, results
     # rank0-<node> and rank1-<node>: each worker's series, and the node it ran on (Ray Train packs both workers
     # onto one node where they fit, as here: each node has 1 CPU and each worker asks for half of one)
     assert len(workers) == 2 and all(re.fullmatch(r"rank[01]-[0-9a-f]{8}", w) for w in workers), workers
+
+
+def test_the_lab_s_dashboard_is_known_by_its_port_whether_named_localhost_or_127_0_0_1():
+    """make submit sends the lab's Ray's own token only to the lab's dashboard, however the learner names it."""
+    from helpers.submit import _same_local_address
+
+    lab = "http://127.0.0.1:8265"
+    assert _same_local_address("http://localhost:8265", lab) and _same_local_address("127.0.0.1:8265/", lab)
+    assert not _same_local_address("http://127.0.0.1:8266", lab)
+    assert not _same_local_address("http://10.0.0.5:8265", lab), "another machine's dashboard: not the lab's"
