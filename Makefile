@@ -20,8 +20,8 @@ $(STAMP): requirements.txt pyproject.toml
 install: $(STAMP)  ## create .venv and install everything
 
 run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing and there is internet) and execute every notebook into runs/
-	$(PY) -m helpers.stack up --download-lakefs
-	$(PY) -m helpers.runner
+	$(PY) -m workshop.stack up --download-lakefs
+	$(PY) -m workshop.runner
 
 TEST_PROCESSES ?= 2
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
@@ -34,46 +34,46 @@ test-quick: $(STAMP)  ## the inner loop (2 min): no notebook run end to end, no 
 
 LAB_ARGS ?=
 lab: $(STAMP)  ## JupyterLab on the notebooks, the stack, its Ray with the dashboard; prints every URL (LAB_ARGS="--jupyter-port 8890")
-	$(PY) -m helpers.stack up --download-lakefs --no-ray
-	$(PY) -m helpers.lab $(LAB_ARGS)
+	$(PY) -m workshop.stack up --download-lakefs --no-ray
+	$(PY) -m workshop.lab $(LAB_ARGS)
 
 lab-link: $(STAMP)  ## a new one-time sign-in link for the running lab's Ray dashboard (each link works once)
-	@$(PY) -m helpers.lab --sign-in-link
+	@$(PY) -m workshop.lab --sign-in-link
 
 NB ?=
 ARGS ?=
 ADDRESS ?=
 submit: $(STAMP)  ## a notebook as a Ray Job on the lab's Ray or a cluster: make submit NB=04 ARGS="-p epochs 3" [ADDRESS=http://<head>:8265]
 	@test -n "$(NB)" || { echo "error: name a notebook: make submit NB=04 ARGS=\"-p epochs 3\""; exit 2; }
-	$(PY) -m helpers.submit $(NB) $(ARGS) $(if $(ADDRESS),--address $(ADDRESS))
+	$(PY) -m workshop.submit $(NB) $(ARGS) $(if $(ADDRESS),--address $(ADDRESS))
 
 reset: $(STAMP)  ## stop the embedded stack and delete its data (buckets, MLflow runs, lakeFS repositories) and runs/
-	$(PY) -m helpers.stack down
+	$(PY) -m workshop.stack down
 	rm -rf .stack runs
 
 catch-up: $(STAMP)  ## run the notebooks before NN headlessly (make catch-up NN=04), to join a workshop there
 	@test -n "$(NN)" || { echo "make catch-up NN=04: NN is the number of the notebook you join at"; exit 2; }
-	$(PY) -m helpers.stack up --download-lakefs
-	$(PY) -m helpers.runner --before $(NN)
+	$(PY) -m workshop.stack up --download-lakefs
+	$(PY) -m workshop.runner --before $(NN)
 
 stack-up: $(STAMP)
-	$(PY) -m helpers.stack up
+	$(PY) -m workshop.stack up
 
 stack-down: $(STAMP)
-	$(PY) -m helpers.stack down
+	$(PY) -m workshop.stack down
 
 stack-status: $(STAMP)
-	$(PY) -m helpers.stack status
+	$(PY) -m workshop.stack status
 
 notebooks: $(STAMP)  ## refresh the committed notebooks' outputs: one run of all, from a clean tree, on a fresh private stack
 	$(PY) benchmarks/refresh_notebooks.py
 
 solutions: $(STAMP)  ## for an instructor: every notebook with every exercise's solution run, into runs/solutions-<time>/
-	$(PY) -m helpers.stack up --download-lakefs
-	$(PY) -m helpers.runner --solutions
+	$(PY) -m workshop.stack up --download-lakefs
+	$(PY) -m workshop.runner --solutions
 
 export: $(STAMP)  ## regenerate helpers' lesson modules from the notebooks' #@save cells
-	$(PY) -m helpers.export
+	$(PY) -m workshop.export
 
 bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout
 	$(PY) benchmarks/bench_upload_listing.py
@@ -89,7 +89,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_scale.py --cleanup
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check helpers tests benchmarks conftest.py
+	$(VENV)/bin/ruff check helpers workshop tests benchmarks conftest.py
 
 compose-check:  ## needs a Docker engine
 	docker compose config --quiet

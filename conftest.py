@@ -56,8 +56,8 @@ def session_stack() -> Path | None:
         return None
     import mlflow
 
-    from helpers import stack
     from helpers.config import load_settings
+    from workshop import stack
 
     if os.environ.get(REUSE_STACK_ENV):  # another test process's running stack: used, neither started nor stopped
         state = Path(os.environ[REUSE_STACK_ENV])
@@ -168,7 +168,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         server.__exit__(None, None, None)
     state = _SESSION.get("state")
     if isinstance(state, Path) and "reused" not in _SESSION:
-        from helpers import stack
+        from workshop import stack
 
         stack.down(state)
         shutil.rmtree(state, ignore_errors=True)

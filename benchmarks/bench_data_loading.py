@@ -21,7 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common import print_table, write_results
 
-from helpers import cluster, listing, preprocess, stack, storage, upload
+from helpers import cluster, listing, preprocess, storage, upload
+from workshop import stack
 
 
 def ceiling(client, bucket: str, keys: list[str], threads: int = 16) -> None:

@@ -30,9 +30,10 @@ from pathlib import Path
 
 from common import lakefs_or_double, print_table, summary_facts, write_results
 
-from helpers import stack, upload
+from helpers import upload
 from helpers.config import project_root
-from helpers.runner import execute, notebook_paths
+from workshop import stack
+from workshop.runner import execute, notebook_paths
 
 # What each notebook's row keeps of its summary, beside its status and seconds.
 KEPT = {"01": ("objects",), "02": ("train pointers", "test pointers"),
@@ -103,13 +104,13 @@ def baseline_04(ref: str, bucket: str) -> dict:
     python = [sys.executable, "-c"]
     try:
         ports = stack.free_ports(["s3", "mlflow", "base", "ray"])
-        subprocess.run([sys.executable, "-m", "helpers.stack", "up", "--no-lakefs", "--state-dir", str(state),
+        subprocess.run([sys.executable, "-m", "workshop.stack", "up", "--no-lakefs", "--state-dir", str(state),
                         "--s3-port", str(ports["s3"]), "--mlflow-port", str(ports["mlflow"]), "--port-base",
                         str(ports["base"]), "--ray-port", str(ports["ray"])], cwd=tree, env=env, check=True)
         subprocess.run([*python, f"from helpers import upload; upload.upload_mnist({bucket!r}, 0, progress=False)"],
                        cwd=tree, env=env, check=True)
         out, notebook = root / "out.ipynb", tree / "notebooks" / "04_distributed_training.ipynb"
-        script = (f"from pathlib import Path; from helpers.runner import execute; "
+        script = (f"from pathlib import Path; from workshop.runner import execute; "
                   f"r = execute(Path({str(notebook)!r}), Path({str(out)!r}), "
                   f"{{'bucket': {bucket!r}, 'smoke_test_size': 0}}, cell_timeout=3600); "
                   f"print('RESULT', r.status, round(r.seconds, 1))")
@@ -120,7 +121,7 @@ def baseline_04(ref: str, bucket: str) -> dict:
         return {"ref": ref, "notebook": "04", "status": status, "seconds": float(seconds),
                 **{key: facts.get(key) for key in KEPT["04"]}}
     finally:
-        subprocess.run([sys.executable, "-m", "helpers.stack", "down", "--state-dir", str(state)], cwd=tree, env=env,
+        subprocess.run([sys.executable, "-m", "workshop.stack", "down", "--state-dir", str(state)], cwd=tree, env=env,
                        capture_output=True)
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=project_root(), capture_output=True)
         shutil.rmtree(root, ignore_errors=True)

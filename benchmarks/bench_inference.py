@@ -22,7 +22,8 @@ import uuid
 import numpy as np
 from common import print_table, write_results
 
-from helpers import cluster, inference, listing, stack, storage, training, upload
+from helpers import cluster, inference, listing, storage, training, upload
+from workshop import stack
 
 
 def logged_model(settings) -> str:

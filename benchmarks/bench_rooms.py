@@ -6,7 +6,7 @@ JupyterLab, each room its own. For each N of ``--rooms`` (default 1 2 3) the N l
 
 1. **idle**: for ``--idle`` seconds nothing runs, and every process of each room's user is sampled every
    second: its proportional memory (PSS, which adds up across processes that share pages) and its CPU time;
-2. **peak**: each room runs notebook 04 at its smoke defaults, headless (``helpers.runner``), all at once,
+2. **peak**: each room runs notebook 04 at its smoke defaults, headless (``workshop.runner``), all at once,
    sampled every half second.
 
 Each process is counted under the service it belongs to (object store, MLflow, Ray, JupyterLab and its
@@ -45,7 +45,7 @@ from tests.rooms import Room, make_room, start_lab, stop_room  # noqa: E402 - th
 
 # The service a room's process belongs to: the first whose word its command line holds.
 SERVICES = (("object store", ("weed",)), ("MLflow", ("mlflow",)),
-            ("notebook run", ("helpers.runner", "ipykernel")),
+            ("notebook run", ("workshop.runner", "ipykernel")),
             ("JupyterLab", ("jupyter",)),
             ("Ray", ("ray::", "ray_service", "raylet", "gcs_server", "/ray/", "dashboard", "ray.")))
 
@@ -131,7 +131,7 @@ def measure(n: int, idle_seconds: float) -> list[dict]:
         time.sleep(10)  # the labs' first seconds: kernels' and dashboards' start-up, not idle
         with Sampler(rooms, 1.0) as idle:
             time.sleep(idle_seconds)
-        runner = [".venv/bin/python", "-m", "helpers.runner", "--only", "04_distributed"]
+        runner = [".venv/bin/python", "-m", "workshop.runner", "--only", "04_distributed"]
         with Sampler(rooms, 0.5) as peak, ThreadPoolExecutor(n) as pool:
             runs = list(pool.map(lambda room: subprocess.run(room.command(*runner), capture_output=True, text=True,
                                                              timeout=1800), rooms))
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_rooms.py makes throwaway users: run it as root")
-    probe = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "import helpers.lab"],
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "import workshop.lab"],
                            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     if probe.returncode != 0:
         raise SystemExit(f"another user cannot run {sys.executable} with this checkout: open the folders on the way "

@@ -254,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench_inference import logged_model
 
-    from helpers import cluster, stack, storage
+    from helpers import cluster, storage
+    from workshop import stack
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     settings = stack.ensure_stack()

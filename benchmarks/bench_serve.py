@@ -26,14 +26,15 @@ from pathlib import Path
 
 from common import print_table, write_results
 
-from helpers import cluster, serving_support, stack
+from helpers import cluster, serving_support
+from workshop import stack
 
 
 def notebook_batch_size() -> int:
     """Notebook 08's ``max_batch_size``, from its parameters cell: the benchmark batches as the notebook does."""
     import papermill
 
-    from helpers.runner import notebook_paths
+    from workshop.runner import notebook_paths
 
     (notebook,) = notebook_paths(pattern="08_*.ipynb")
     return int(papermill.inspect_notebook(str(notebook))["max_batch_size"]["default"])

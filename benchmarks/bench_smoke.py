@@ -1,6 +1,6 @@
 """The smoke path a learner waits for: every notebook at its default parameters, with where each second goes.
 
-Runs the notebooks (``helpers.runner``) on the warm stack ``--repeats`` times
+Runs the notebooks (``workshop.runner``) on the warm stack ``--repeats`` times
 and records, per notebook, the total and a breakdown: the spans the code
 records (``helpers.timings``: imports, Ray start, each Ray Data pipeline,
 training, each epoch's compute and checkpoint + report, each Tune trial) and
@@ -200,7 +200,7 @@ def sweep_defaults() -> tuple[int, int]:
     """Notebook 05's default ``num_samples`` and ``max_concurrent``, read from its parameters cell."""
     import papermill
 
-    from helpers.runner import notebook_paths
+    from workshop.runner import notebook_paths
 
     (notebook,) = notebook_paths(pattern="05_*.ipynb")
     found = papermill.inspect_notebook(str(notebook))
@@ -466,7 +466,7 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], 
     are the ones that ended while it ran (they run one after another).
     """
     from helpers.config import load_settings
-    from helpers.runner import execute
+    from workshop.runner import execute
 
     rows = []
     for notebook in notebooks:
@@ -581,9 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    from helpers import stack
     from helpers.config import load_settings, state_dir
-    from helpers.runner import notebook_paths
+    from workshop import stack
+    from workshop.runner import notebook_paths
 
     settings = stack.ensure_stack()
     folder = Path(tempfile.mkdtemp(prefix="smoke-"))
@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[timings.TIMINGS_ENV] = str(spans_file)
     stack.down(only=("ray",))
     if args.ray == "lab":
-        from helpers import lab
+        from workshop import lab
 
         lab.ray_with_dashboard(state_dir(), 8265, None)
     else:

@@ -25,7 +25,8 @@ import torch
 from common import print_table, write_results
 from torch import nn
 
-from helpers import cluster, preprocess, stack, training, upload
+from helpers import cluster, preprocess, training, upload
+from workshop import stack
 
 
 def plain_loop(images: np.ndarray, labels: np.ndarray, params: dict, batch_size: int, epochs: int,

@@ -12,7 +12,8 @@ import time
 
 from common import print_table, write_results
 
-from helpers import cluster, stack, sweeps, training, upload
+from helpers import cluster, sweeps, training, upload
+from workshop import stack
 
 
 def sweep(settings, bucket: str, arrays, args, scheduler: str | None) -> dict:

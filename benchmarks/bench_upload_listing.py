@@ -15,7 +15,8 @@ import uuid
 
 from common import median_seconds, print_table, write_results
 
-from helpers import listing, stack, storage, upload
+from helpers import listing, storage, upload
+from workshop import stack
 
 
 def bench_upload(client, smoke: int, workers: list[int]) -> list[dict]:

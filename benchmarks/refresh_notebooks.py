@@ -1,7 +1,7 @@
 """Refresh the committed notebooks' outputs from one clean-tree run on a fresh stack (``make notebooks``).
 
 Every committed output comes from the same run: all notebooks in order, at their default (smoke)
-parameters, from a working tree with no uncommitted changes (``helpers.runner --in-place`` refuses
+parameters, from a working tree with no uncommitted changes (``workshop.runner --in-place`` refuses
 otherwise), on a private stack started here on free ports in a temporary folder, so the learner's own
 ``.stack`` (their buckets, runs and models) is neither used nor changed. Notebook 06 runs against lakeFS
 where one is configured, else against the tests' API double (its outputs say which).
@@ -19,8 +19,9 @@ from pathlib import Path
 
 from common import lakefs_or_double
 
-from helpers import runner, stack, worker_env
+from helpers import worker_env
 from helpers.config import load_settings
+from workshop import runner, stack
 
 
 def main() -> int:

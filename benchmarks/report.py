@@ -670,7 +670,7 @@ def smoke_section(smoke: dict) -> list[str]:
         ray_start += (f"; starting a local Ray per notebook: {span(started)} s in the run "
                       f"\"{next(label for label, run in runs.items() if run is local)}\")" if started else ")")
     out.append("\n".join([
-        f"- **One Ray for every notebook**: the stack starts one (`helpers.ray_service`) and every notebook joins it "
+        f"- **One Ray for every notebook**: the stack starts one (`workshop.ray_service`) and every notebook joins it "
         f"with `ray.init(address=...)`{ray_start} instead of starting its own (GCS, raylet, a dashboard process and "
         "agents). A local Ray's workers inherit the settings instead of a job `runtime_env` (which kept Ray from "
         "using the workers it starts ahead of time), and so do Ray Train's `RAY_TRAIN_*` settings.",

@@ -1,15 +1,13 @@
-"""Plumbing behind the notebooks, plus the code each notebook teaches, exported from it.
+"""What the notebooks import: the code each notebook teaches, exported from it, and what it calls.
 
-Hand-written plumbing a learner need not read: ``errors`` (the one base of every
-error a learner can fix), ``config`` (settings from the environment), ``stack``
-(the embedded local services), ``mnist`` (the data set, offline), ``storage``
-(an S3 client and clear errors), ``cluster`` (Ray start-up), ``tracking``
-(MLflow client checks), ``versioning`` (a lakeFS client and clear errors),
-``plots``, ``notebook``, ``runner`` and ``export``.
+Generated from the notebooks' ``#@save`` cells by ``python -m workshop.export`` (edit the notebook,
+not the module): one module per notebook, named in ``workshop.export.EXPORTS``, the one list of them.
 
-Generated from the notebooks' ``#@save`` cells by ``python -m helpers.export``
-(edit the notebook, not the module): one module per notebook, named in
-``helpers.export.EXPORTS``, the one list of them.
+Hand-written, called by the lessons in one visible line: a ``*_support`` module per lesson that needs
+one; the clients and settings (``config``, ``storage``, ``tracking``, ``versioning``, ``cluster``,
+``stack_ray``); ``errors`` (the one base of every error a learner can fix); the notebook display
+(``notebook``, ``interrupts``, ``plots``); and ``stack``, the one door to the local platform that starts
+the services (the :mod:`workshop` package beside this one, which nothing here imports).
 """
 
 __version__ = "0.1.0"

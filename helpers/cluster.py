@@ -1,7 +1,7 @@
 """Ray start-up for laptops and clusters: one call that every Ray notebook makes (notebooks 03-06).
 
 Where Ray runs, in this order: ``RAY_ADDRESS`` joins a cluster (shipping ``helpers``); else the
-stack's Ray (:mod:`helpers.ray_service`) is joined; else a local Ray starts. Every worker gets the
+stack's Ray (:mod:`workshop.ray_service`) is joined; else a local Ray starts. Every worker gets the
 object-store and MLflow settings as environment variables: a cluster's in the job's ``runtime_env``,
 the others inherited as Ray starts (a ``runtime_env`` only where the driver's settings differ).
 """
@@ -178,7 +178,7 @@ def check_cluster(address: str, timeout: float = 25.0) -> bool:
     if not _answers(host, port):
         raise RayUnavailable(
             f"No Ray answers at RAY_ADDRESS={address}. Start one there (`ray start --head --port={port}`), "
-            "or unset RAY_ADDRESS to use the embedded stack's Ray (`python -m helpers.stack up`).")
+            "or unset RAY_ADDRESS to use the embedded stack's Ray (`python -m workshop.stack up`).")
     loopback = not address.startswith("ray://") and (host == "localhost" or host.startswith("127."))
     if loopback:
         import ray.util

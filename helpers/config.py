@@ -9,7 +9,7 @@ first one found wins:
 3. the original articles' ``credentials.json`` (``url``, ``accessKey``,
    ``secretKey``) in the project root, for the object store only,
 4. the embedded stack's state file (``.stack/stack.env``) that
-   ``python -m helpers.stack up`` writes.
+   ``python -m workshop.stack up`` writes.
 
 So pointing the same notebooks at a real MinIO, MLflow, lakeFS or Ray
 cluster needs environment variables only.
@@ -162,9 +162,19 @@ class Settings:
         if not self.s3_endpoint or not self.s3_access_key or not self.s3_secret_key:
             raise ConfigError(
                 "No object store is configured. Start the embedded one with "
-                "`python -m helpers.stack up` (or `make stack-up`), or set S3_ENDPOINT, "
+                "`python -m workshop.stack up` (or `make stack-up`), or set S3_ENDPOINT, "
                 "S3_ACCESS_KEY and S3_SECRET_KEY (see .env.example)."
             )
+
+
+def services_line(settings: Settings, with_mlflow: bool = True) -> str:
+    """Which endpoint each service uses and why (``Services: object store URL (S3_ENDPOINT from .env); ...``)."""
+    parts = []
+    for name, key in [("object store", "s3_endpoint"), ("MLflow", "mlflow_tracking_uri")][:2 if with_mlflow else 1]:
+        source, _, alias = settings.sources.get(key, "default").partition(":")
+        why = "embedded stack" if source == "stack" else f"{alias} from {source}"
+        parts.append(f"{name} {getattr(settings, key)} ({why})")
+    return "Services: " + "; ".join(parts)
 
 
 def project_root(start: Path | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""Generated from notebooks/06_lakefs_parallel_experiments.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/06_lakefs_parallel_experiments.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 06 · Parallel experiments on lakeFS branches. Above each definition, the cell that teaches it.
 """
@@ -31,7 +31,7 @@ from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, clearl
                               log_dataset, log_torch_model, make_trainer, unique_run_name)
 from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store,
                                 current_import, lakefs_errors, storage_namespace, wait_for_import)
-from helpers.worker_support import check_params
+from helpers.training_support import check_params
 
 INGEST_BRANCH = "ingest"
 EXPERIMENT_PREFIX = "exp-"

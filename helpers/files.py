@@ -1,6 +1,6 @@
 """Files only their owner may read, written whole (the embedded stack's state, the stack's Ray's record).
 
-Low-level on purpose: ``helpers.stack`` and ``helpers.ray_service`` both write such files, and neither
+Low-level on purpose: ``workshop.stack`` and ``workshop.ray_service`` both write such files, and neither
 imports the other for it.
 """
 

@@ -1,4 +1,4 @@
-"""Generated from notebooks/07_batch_inference.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/07_batch_inference.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 07 · Batch inference with Ray Data. Above each definition, the cell that teaches it.
 """
@@ -17,7 +17,7 @@ from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dat
 from helpers.serving_support import register_as
 from helpers.storage import get_client, read_object
 from helpers.training import clearly_better, with_interval
-from helpers.worker_support import require_gpus
+from helpers.training_support import require_gpus
 
 PREDICTIONS_PREFIX = "predictions"  # predictions/<run name>/ in the data bucket
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
+from helpers import stack
 from helpers.errors import TutorialError
 
 
@@ -21,13 +19,9 @@ def train_first(bucket: str, smoke_test_size: int, experiment: str, epochs: int 
     Raises:
         NoModelYet: notebook 04 failed; the message has its error and where its output notebook is.
     """
-    from helpers import runner
-
-    (notebook,) = runner.notebook_paths(pattern="04_*.ipynb")
-    output = Path(tempfile.mkdtemp(prefix="catch-up-04-")) / notebook.name
     print(f"No model yet: running notebook 04 first ({epochs} epochs, experiment {experiment!r}); about a minute")
-    result = runner.execute(notebook, output, {"bucket": bucket, "smoke_test_size": smoke_test_size,
-                                               "epochs": epochs, "experiment": experiment})
-    if result.status != "ok":
-        raise NoModelYet(f"Notebook 04 could not train a first model ({result.message}); its output is {output}. "
+    ok, message, output = stack.run_notebook_first("04", {"bucket": bucket, "smoke_test_size": smoke_test_size,
+                                                          "epochs": epochs, "experiment": experiment})
+    if not ok:
+        raise NoModelYet(f"Notebook 04 could not train a first model ({message}); its output is {output}. "
                          "Run notebook 04 yourself, then this notebook again.")

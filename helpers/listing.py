@@ -1,4 +1,4 @@
-"""Generated from notebooks/02_list_and_split.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/02_list_and_split.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 02 · List the bucket and split it into pointer lists. Above each definition, the cell that teaches it.
 """

@@ -1,4 +1,4 @@
-"""Generated from notebooks/03_ray_data_preprocessing.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/03_ray_data_preprocessing.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 03 · Preprocess from pointers with Ray Data. Above each definition, the cell that teaches it.
 """

@@ -1,4 +1,4 @@
-"""Generated from notebooks/08_serve_the_champion.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/08_serve_the_champion.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 08 · Serve the champion with Ray Serve. Above each definition, the cell that teaches it.
 """

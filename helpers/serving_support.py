@@ -181,7 +181,7 @@ def curl_folder(body: dict[str, Any]) -> Path:
 def require_resources(use_gpu: bool, num_replicas: int) -> None:
     """With ``use_gpu``, one GPU per replica must exist in Ray: else one line now, not replicas waiting for ever."""
     if use_gpu:
-        from helpers.worker_support import require_gpus
+        from helpers.training_support import require_gpus
 
         require_gpus(num_replicas)
 

@@ -1,6 +1,6 @@
 """The stack's Ray as a driver joins it: its record, proven the stack's own, and its token.
 
-:mod:`helpers.ray_service` runs that Ray and writes ``ray.json`` and ``ray_token`` into the stack's
+:mod:`workshop.ray_service` runs that Ray and writes ``ray.json`` and ``ray_token`` into the stack's
 private state folder; the notebooks (:mod:`helpers.cluster`), the lab and ``make submit`` read them here.
 """
 

@@ -107,7 +107,7 @@ def outage_during(error: BaseException, doing: str = "training") -> ObjectStoreU
     endpoint = f"http://{where.group(1)}:{where.group(2)}" if where else "the configured endpoint"
     return ObjectStoreUnreachable(
         f"The object store at {endpoint} stopped answering during {doing}. Start it again (`python -m "
-        "helpers.stack up`), then run the cells again: a training run resumes from its last checkpoint in the "
+        "workshop.stack up`), then run the cells again: a training run resumes from its last checkpoint in the "
         "bucket, a sweep starts over.")
 
 
@@ -188,7 +188,7 @@ def translate_error(err: Exception, client: Minio, bucket: str | None = None) ->
                         urllib3.exceptions.NewConnectionError, ConnectionError)):
         return ObjectStoreUnreachable(
             f"Cannot reach the object store at {endpoint}. Start the embedded stack with "
-            "`python -m helpers.stack up` (or `make stack-up`), or point S3_ENDPOINT at a running server."
+            "`python -m workshop.stack up` (or `make stack-up`), or point S3_ENDPOINT at a running server."
         )
     return err
 

@@ -1,4 +1,4 @@
-"""Generated from notebooks/05_tune_sweeps.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/05_tune_sweeps.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 05 · Hyperparameter sweeps with Ray Tune, tracked in MLflow. Above each definition, the cell that teaches it.
 """

@@ -48,7 +48,7 @@ def still_up(uri: str) -> bool:
     if not ok:
         _OFF[uri] = reason
         print(f"MLflow tracking is off from here on: {reason}. The training result is kept and used below; "
-              "restart MLflow (`python -m helpers.stack up`) and run the notebook again to log it.")
+              "restart MLflow (`python -m workshop.stack up`) and run the notebook again to log it.")
     return ok
 
 
@@ -160,7 +160,7 @@ def connect(uri: str):
     ok, reason = tracking_available(uri)
     if not ok:
         raise TrackingUnavailable(f"MLflow tracking is unavailable: {reason}. Start it with "
-                                  "`python -m helpers.stack up`, or set MLFLOW_TRACKING_URI.")
+                                  "`python -m workshop.stack up`, or set MLFLOW_TRACKING_URI.")
     return MlflowClient(tracking_uri=uri)
 
 

@@ -1,4 +1,4 @@
-"""Generated from notebooks/04_distributed_training.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/04_distributed_training.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 04 · Distributed training with Ray Train, tracked in MLflow. Above each definition, the cell that teaches it.
 """
@@ -26,7 +26,7 @@ from helpers import tracking
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.storage import s3_filesystem
 from helpers.worker_metrics import worker_system_metrics
-from helpers.worker_support import ShardCache, check_params, maybe_fail, require_gpus
+from helpers.training_support import ShardCache, check_params, maybe_fail, require_gpus
 
 
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh}

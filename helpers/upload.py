@@ -1,4 +1,4 @@
-"""Generated from notebooks/01_upload_mnist.ipynb by `python -m helpers.export`: edit the notebook.
+"""Generated from notebooks/01_upload_mnist.ipynb by `python -m workshop.export`: edit the notebook.
 
 Lesson 01 · Upload MNIST to an object store. Above each definition, the cell that teaches it.
 """

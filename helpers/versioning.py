@@ -18,7 +18,7 @@ from helpers.errors import TutorialError
 
 LAKEFS_BUCKET = "lakefs"  # the bucket holding every repository's storage namespace
 HOW_TO_GET_LAKEFS = (
-    "Run `make run` (or `python -m helpers.stack up --download-lakefs`) where there is internet: it fetches "
+    "Run `make run` (or `python -m workshop.stack up --download-lakefs`) where there is internet: it fetches "
     "lakeFS; or start the full stack with `docker compose up -d` (see README); or point LAKEFS_ENDPOINT, "
     "LAKEFS_ACCESS_KEY_ID and LAKEFS_SECRET_ACCESS_KEY at a lakeFS server whose blockstore is S3_ENDPOINT."
 )
@@ -175,7 +175,7 @@ def check_same_object_store(repo, s3_client, s3_endpoint: str) -> None:
             f"lakeFS keeps repository {repo.id!r} in {namespace}, but {s3_endpoint} has no {namespace}/"
             f"{NAMESPACE_MARKER}: that lakeFS stores its data in another object store. Notebook 06 imports from "
             "and reads this bucket directly, so point LAKEFS_ENDPOINT at a lakeFS whose blockstore is S3_ENDPOINT "
-            "(docker compose and `python -m helpers.stack up` set theirs up that way)."
+            "(docker compose and `python -m workshop.stack up` set theirs up that way)."
         ) from None
 
 

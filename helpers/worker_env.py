@@ -1,6 +1,6 @@
 """What a Ray worker needs in its environment to reach the services, and a Ray that keeps to 127.0.0.1.
 
-Low-level on purpose: the stack's Ray (:mod:`helpers.ray_service`) starts with these settings and every
+Low-level on purpose: the stack's Ray (:mod:`workshop.ray_service`) starts with these settings and every
 driver (:mod:`helpers.cluster`) compares or sends them, and neither imports the other for it.
 """
 

@@ -2,7 +2,8 @@
 
 import json
 
-from helpers import listing, runner
+from helpers import listing
+from workshop import runner
 
 
 def summary(output) -> dict:
@@ -16,7 +17,7 @@ def summary(output) -> dict:
 def run(name, tmp_path, **parameters):
     """Execute a notebook with every exercise's solution (the only execution of it in the test run) and check
     what every run must show: each solution ran, after the learner's cell, without an error."""
-    from helpers.solutions import RAN_TAG
+    from workshop.solutions import RAN_TAG
 
     notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
     result = runner.execute(notebook, tmp_path / notebook.name, parameters, solutions=True)
@@ -30,7 +31,7 @@ def run(name, tmp_path, **parameters):
 
 def solution_output(output, number: int) -> str:
     """What the solution of exercise ``number`` printed, in an executed notebook."""
-    from helpers.solutions import RAN_TAG
+    from workshop.solutions import RAN_TAG
 
     cells = [c for c in json.loads(output.read_text())["cells"] if RAN_TAG in c.get("metadata", {}).get("tags", [])]
     return "".join("".join(o.get("text", "")) for o in cells[number - 1]["outputs"] if o["output_type"] == "stream")

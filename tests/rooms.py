@@ -114,6 +114,6 @@ def stop_room(room: Room) -> None:
             room.lab.wait(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(room.lab.pid, signal.SIGKILL)
-    subprocess.run(room.command(".venv/bin/python", "-m", "helpers.stack", "down"), capture_output=True, timeout=120)
+    subprocess.run(room.command(".venv/bin/python", "-m", "workshop.stack", "down"), capture_output=True, timeout=120)
     if room.created:
         subprocess.run(["userdel", "--remove", room.user], capture_output=True)

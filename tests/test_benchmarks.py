@@ -283,8 +283,8 @@ def test_the_rooms_benchmark_counts_each_process_under_its_service_and_sizes_a_s
 
     commands = {"/x/.venv/bin/weed -config_dir=/s mini": "object store",
                 "python -m mlflow server --host 127.0.0.1": "MLflow", "ray::RayTrainWorker.train_fn": "Ray",
-                "/x/ray/core/src/ray/raylet/raylet --node_id": "Ray", "python -m helpers.ray_service --state s": "Ray",
-                "python -m helpers.runner --only 04_distributed": "notebook run",
+                "/x/ray/core/src/ray/raylet/raylet --node_id": "Ray", "python -m workshop.ray_service --state s": "Ray",
+                "python -m workshop.runner --only 04_distributed": "notebook run",
                 "python -m ipykernel_launcher -f /tmp/k.json": "notebook run",
                 "python -m jupyter lab --no-browser": "JupyterLab", "make -o .venv/.installed lab": "other"}
     assert {command: bench_rooms.service_of(command) for command in commands} == commands

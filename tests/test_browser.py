@@ -29,8 +29,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import stack, stack_ray
+from helpers import stack_ray
 from helpers.config import project_root
+from workshop import stack
 
 REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
@@ -65,7 +66,7 @@ def browser_or_skip() -> None:
 
 @dataclass
 class Lab:
-    """A running ``python -m helpers.lab`` and what it printed."""
+    """A running ``python -m workshop.lab`` and what it printed."""
 
     proc: subprocess.Popen
     notebook_dir: Path
@@ -104,7 +105,7 @@ class Lab:
 
         if self.proc.poll() is None:
             labs = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
-                    if "helpers.lab" in " ".join(p.cmdline())]
+                    if "workshop.lab" in " ".join(p.cmdline())]
             (labs[0] if labs else self.proc).send_signal(sig)
         try:
             self.proc.wait(timeout=timeout)
@@ -116,10 +117,10 @@ class Lab:
 
 
 def start_lab(notebook_dir: Path, env: dict[str, str], user: str | None = None, timeout: float = 240) -> Lab:
-    """``python -m helpers.lab`` on free ports (as ``user`` through ``runuser`` when given); returns once it printed
+    """``python -m workshop.lab`` on free ports (as ``user`` through ``runuser`` when given); returns once it printed
     its URLs, which it does once JupyterLab answers."""
     ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
-    command = [sys.executable, "-m", "helpers.lab", "--jupyter-port", str(ports["jupyter"]),
+    command = [sys.executable, "-m", "workshop.lab", "--jupyter-port", str(ports["jupyter"]),
                "--dashboard-port", str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"]),
                "--notebook-dir", str(notebook_dir)]
     if user:
@@ -502,7 +503,7 @@ def test_mlflow_shows_notebook_04s_run_with_a_train_loss_point_per_epoch(lab, br
     # MLflow asks who is there (a page would stop at the browser's login prompt: ask without one)
     assert anonymous.request.get(lab.urls["MLflow"]).status == 401
     anonymous.close()
-    # Signed in as the lab says: its user, and the password `python -m helpers.stack env` prints.
+    # Signed in as the lab says: its user, and the password `python -m workshop.stack env` prints.
     context = browser.new_context(viewport={"width": 1400, "height": 900}, http_credentials={
         "username": settings.mlflow_username, "password": settings.mlflow_password})
     page = context.new_page()
@@ -548,7 +549,7 @@ def learner_account() -> tuple[str, Path, bool]:
     except KeyError:
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", LEARNER], check=True, capture_output=True)
         home, created = Path(pwd.getpwnam(LEARNER).pw_dir), True
-    probe = subprocess.run(["runuser", "-u", LEARNER, "--", sys.executable, "-c", "import helpers.lab"],
+    probe = subprocess.run(["runuser", "-u", LEARNER, "--", sys.executable, "-c", "import workshop.lab"],
                            capture_output=True, text=True, cwd="/")
     if probe.returncode != 0:
         if created:
@@ -577,7 +578,7 @@ def test_a_learner_who_is_not_root_runs_a_ray_notebook_in_the_lab(browser, tmp_p
     ports = stack.free_ports(["s3", "mlflow", "base", "ray"])
     lab = None
     try:  # their own stack on free ports, its Ray left to the lab (which starts it with the dashboard)
-        subprocess.run([*as_learner, sys.executable, "-m", "helpers.stack", "up", "--no-ray", "--no-lakefs",
+        subprocess.run([*as_learner, sys.executable, "-m", "workshop.stack", "up", "--no-ray", "--no-lakefs",
                         "--s3-port", str(ports["s3"]), "--mlflow-port", str(ports["mlflow"]), "--port-base",
                         str(ports["base"]), "--ray-port", str(ports["ray"])], check=True, capture_output=True,
                        cwd=project_root(), timeout=180)
@@ -596,7 +597,7 @@ def test_a_learner_who_is_not_root_runs_a_ray_notebook_in_the_lab(browser, tmp_p
     finally:
         if lab is not None and lab.proc.poll() is None:
             lab.stop(signal.SIGKILL)
-        subprocess.run([*as_learner, sys.executable, "-m", "helpers.stack", "down"], cwd=project_root(),
+        subprocess.run([*as_learner, sys.executable, "-m", "workshop.stack", "down"], cwd=project_root(),
                        capture_output=True, timeout=120)
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(settings_env["JUPYTERLAB_SETTINGS_DIR"].rsplit("/", 1)[0], ignore_errors=True)

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from helpers import cluster, runner, stack, stack_ray
+from helpers import cluster, stack_ray
 from helpers.config import project_root, state_dir
+from workshop import runner, stack
 
 
 def a_closed_port() -> int:
@@ -69,14 +70,14 @@ def test_a_token_protected_ray_at_ray_address_names_the_variables_to_set(setting
 def test_make_lab_with_nothing_at_ray_address_stops_in_one_line(settings):
     port = a_closed_port()
     ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
-    result = subprocess.run([sys.executable, "-m", "helpers.lab", "--no-jupyter", "--dashboard-port",
+    result = subprocess.run([sys.executable, "-m", "workshop.lab", "--no-jupyter", "--dashboard-port",
                              str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"])],
                             env={**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}, capture_output=True, text=True,
                             timeout=120, cwd=project_root())
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"error: No Ray answers at RAY_ADDRESS=127.0.0.1:{port}. Start one there (`ray start --head --port={port}`), "
-        "or unset RAY_ADDRESS to use the embedded stack's Ray (`python -m helpers.stack up`)."]
+        "or unset RAY_ADDRESS to use the embedded stack's Ray (`python -m workshop.stack up`)."]
 
 
 @pytest.mark.slow

@@ -51,7 +51,8 @@ def test_ports_are_published_on_loopback_only(compose):
 
 
 def test_buckets_created_without_public_policy(compose):
-    from helpers import stack, versioning
+    from helpers import versioning
+    from workshop import stack
 
     entrypoint = compose["services"]["minio-init"]["entrypoint"]
     assert entrypoint[:2] == ["/bin/sh", "-c"]
@@ -105,7 +106,7 @@ def test_lakefs_makes_no_calls_home(compose, tmp_path):
     assert config["security"] == {"audit_check_url": "", "check_latest_version": False}
     # lakeFS reads an empty variable as unset (the default URL would be used): never rely on one
     assert not [name for name, value in env.items() if value in ("", None)], "empty LAKEFS_* variables do nothing"
-    from helpers import stack
+    from workshop import stack
 
     keys = dict.fromkeys(("encrypt_secret", "access_key_id", "secret_access_key"), "k")
     (tmp_path / "lakefs").mkdir()
@@ -214,7 +215,7 @@ def test_one_lakefs_version_everywhere(compose):
     """Compose's server, the binary `make run` fetches and the SDK (whose API the double follows) agree."""
     import lakefs_sdk
 
-    from helpers import lakefs_binary
+    from workshop import lakefs_binary
 
     tag = compose["services"]["lakefs"]["image"].rsplit(":", 1)[1]
     pinned = re.search(r"^lakefs-sdk==(\S+)", (ROOT / "requirements.txt").read_text(), re.M)

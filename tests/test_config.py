@@ -65,7 +65,7 @@ def test_secrets_never_in_repr_or_description(root):
 
 
 def test_missing_object_store_names_the_fix():
-    with pytest.raises(ConfigError, match="helpers.stack up"):
+    with pytest.raises(ConfigError, match="workshop.stack up"):
         Settings().require_object_store()
 
 
@@ -92,7 +92,7 @@ def test_credentials_json_next_to_the_notebook_is_read_and_a_truncated_one_named
 def test_a_notebook_with_a_truncated_credentials_json_beside_it_stops_in_one_line(tmp_path):
     import shutil
 
-    from helpers import runner
+    from workshop import runner
 
     notebook = shutil.copy(runner.notebook_paths(pattern="02_*.ipynb")[0], tmp_path)
     (tmp_path / "credentials.json").write_text('{"url": "http://127.0.0.1:9000", "accessKey": ')

@@ -18,9 +18,10 @@ import psutil
 import pytest
 import torch
 
-from helpers import cluster, listing, notebook, preprocess, preprocess_support, stack, storage, upload, worker_env
+from helpers import cluster, listing, notebook, preprocess, preprocess_support, storage, upload, worker_env
 from helpers.config import ParameterError
 from helpers.mnist import load_mnist
+from workshop import processes, stack
 
 SMOKE = 450  # 450 training pointers: batches of 400 + 50 (and 750 validation images under train/)
 VALIDATION = 750
@@ -327,7 +328,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
     finally:
         for proc in reversed(nodes):  # a throwaway cluster: `ray start --block` takes 20 s and more on SIGTERM
             with contextlib.suppress(psutil.NoSuchProcess):
-                stack.stop_group(psutil.Process(proc.pid), timeout=3)
+                processes.stop_group(psutil.Process(proc.pid), timeout=3)
         # `ray start` leaves it behind (in its RAY_TMPDIR, this process's); `ray stop` would remove it
         marker = os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "ray_current_cluster")
         with contextlib.suppress(OSError):

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from helpers import training
-from helpers.worker_support import ShardCache
+from helpers.training_support import ShardCache
 
 
 @pytest.fixture

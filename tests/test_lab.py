@@ -18,9 +18,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import lab as lab_module
-from helpers import stack, stack_ray
+from helpers import stack_ray
 from helpers.config import project_root
+from workshop import lab as lab_module
+from workshop import processes, stack
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def state() -> Path:
 
 
 def lab_command(ports: dict[str, int], *extra: str) -> list[str]:
-    return [sys.executable, "-m", "helpers.lab", "--jupyter-port", str(ports["jupyter"]), "--dashboard-port",
+    return [sys.executable, "-m", "workshop.lab", "--jupyter-port", str(ports["jupyter"]), "--dashboard-port",
             str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"]), *extra]
 
 
@@ -76,8 +77,8 @@ def assert_cleaned_up(ports: dict[str, int], jupyter: bool = True) -> None:
     assert not port_open(ports["dashboard"]) and not port_open(ports["sign_in"])
     if jupyter:
         assert not port_open(ports["jupyter"])
-        assert stack.remembered_process(state(), lab_module.JUPYTER_RECORD) is None
-    assert stack.remembered_process(state(), lab_module.LAB_RECORD) is None
+        assert processes.remembered_process(state(), lab_module.JUPYTER_RECORD) is None
+    assert processes.remembered_process(state(), lab_module.LAB_RECORD) is None
 
 
 def test_no_jupyter_prints_the_urls_and_puts_the_stack_s_ray_back(settings):
@@ -124,7 +125,7 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
             urllib.request.build_opener(NoRedirect).open(link, timeout=10)
         assert again.value.code == 403 and "Set-Cookie" not in again.value.headers
         assert "--sign-in-link" in again.value.read().decode()
-        fresh = subprocess.run([sys.executable, "-m", "helpers.lab", "--sign-in-link"], cwd=project_root(),
+        fresh = subprocess.run([sys.executable, "-m", "workshop.lab", "--sign-in-link"], cwd=project_root(),
                                capture_output=True, text=True, timeout=60)
         assert fresh.returncode == 0 and fresh.stdout.strip().startswith(f"http://127.0.0.1:{ports['sign_in']}/?key=")
         assert fresh.stdout.strip() != link
@@ -161,7 +162,7 @@ def test_a_lab_kernel_talks_over_unix_sockets_only_its_learner_can_open_and_no_p
                                          headers={"Authorization": f"token {token}"}, method="POST")
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert answer.status == 201
-        jupyter = stack.remembered_process(state(), lab_module.JUPYTER_RECORD)
+        jupyter = processes.remembered_process(state(), lab_module.JUPYTER_RECORD)
         deadline, kernel = time.monotonic() + 60, None
         while kernel is None and time.monotonic() < deadline:
             kernel = next((p for p in jupyter.children(recursive=True) if "ipykernel" in " ".join(p.cmdline())), None)
@@ -253,7 +254,7 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
     ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
     # A lab killed outright (SIGKILL) leaves its JupyterLab and the dashboard's Ray behind ...
     proc, lines = start(ports)
-    leftover = stack.remembered_process(state(), lab_module.JUPYTER_RECORD)
+    leftover = processes.remembered_process(state(), lab_module.JUPYTER_RECORD)
     proc.kill()
     proc.wait(timeout=10)
     assert leftover.is_running() and port_open(ports["dashboard"])
@@ -268,7 +269,7 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
     assert_cleaned_up(ports)
     # make runs the lab as its child: when make is killed, the lab is told to stop (SIGTERM).
     proc, lines = start(ports, shell_parent=True)
-    lab = next(p for p in psutil.Process(proc.pid).children() if "helpers.lab" in " ".join(p.cmdline()))
+    lab = next(p for p in psutil.Process(proc.pid).children() if "workshop.lab" in " ".join(p.cmdline()))
     proc.kill()  # the shell, as `kill -9 <make>` would
     proc.wait(timeout=10)
     lab.wait(timeout=90)
@@ -290,7 +291,7 @@ def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
     assert proc.wait(timeout=90) == 0
     assert not jupyter.is_running() or jupyter.status() == psutil.STATUS_ZOMBIE
     assert not port_open(ports["jupyter"])
-    assert stack.remembered_process(state(), lab_module.LAB_RECORD) is None
+    assert processes.remembered_process(state(), lab_module.LAB_RECORD) is None
 
 
 def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_path):
@@ -320,7 +321,7 @@ def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_pa
     (["--dashboard-port", "8888"], "Ports --jupyter-port and --dashboard-port are both 8888"),
 ])
 def test_bad_lab_ports_are_one_line_before_anything_starts(arguments, message):
-    result = subprocess.run([sys.executable, "-m", "helpers.lab", *arguments], cwd=project_root(),
+    result = subprocess.run([sys.executable, "-m", "workshop.lab", *arguments], cwd=project_root(),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and result.stderr.startswith(f"error: {message}")
     assert len(result.stderr.strip().splitlines()) == 1

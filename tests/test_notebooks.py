@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from helpers import listing, runner
+from helpers import listing
 from tests.notebook_runs import assert_lineage, load_test_images, run, solution_output
+from workshop import runner
 
 pytestmark = pytest.mark.notebook
 

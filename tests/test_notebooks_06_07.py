@@ -6,8 +6,9 @@ import json
 import pytest
 
 from conftest import lakefs_images
-from helpers import listing, runner
+from helpers import listing
 from tests.notebook_runs import assert_lineage, load_test_images, run, solution_output
+from workshop import runner
 
 pytestmark = pytest.mark.notebook
 

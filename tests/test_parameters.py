@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from helpers import runner
 from helpers.config import ParameterError
 from helpers.parameters import PARAMETERS, check_parameters
+from workshop import runner
 
 BUCKET = [("Not_A_Valid_Bucket", "'Not_A_Valid_Bucket' is not a valid bucket name"),
           ("ab", "'ab' is not a valid bucket name"), (5, "5 is not a valid bucket name")]

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import seaweedfs_security, storage
+from helpers import storage
 from tests.room_intruder import basic, http  # one learner's requests at another's doors, here at the stack's
 from tests.secrets_scan import on_command_lines, stack_secrets
+from workshop import processes, seaweedfs_security
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +103,12 @@ def test_no_secret_of_the_stack_is_on_any_command_line(state):
 
 def test_nothing_phones_home_from_the_stack_the_lab_or_a_driver(state, settings):
     """Ray's usage stats and MLflow's telemetry are off in the stack's services, the lab's kernels and a driver."""
-    from helpers import cluster, lab, stack
+    from helpers import cluster
     from helpers.worker_env import ROOM_ENVIRONMENT
+    from workshop import lab
 
     for service in ("mlflow", "ray"):
-        process = stack.remembered_process(state, service)
+        process = processes.remembered_process(state, service)
         assert process is not None, f"the session stack runs {service}"
         environment = process.environ()
         assert {name: environment.get(name) for name in ROOM_ENVIRONMENT} == ROOM_ENVIRONMENT, service
@@ -130,7 +132,7 @@ def test_a_pickled_model_is_refused_by_the_loaders_and_its_payload_never_runs(se
     import mlflow
     from torch import nn
 
-    from helpers import lab
+    from workshop import lab
 
     marker = tmp_path / "the-payload-ran"
 
@@ -197,8 +199,9 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
     import sys
     import time
 
-    from helpers import ray_service, stack, stack_ray
+    from helpers import stack_ray
     from helpers.config import project_root
+    from workshop import ray_service, stack
 
     assert stack_ray.refuses_clients_without_token(stack_ray.read_service(state)["address"])  # the session's
     own = tmp_path / "state"  # a Ray of this test's own, with the session stack's services
@@ -212,7 +215,7 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled",
                **{ray_service.PORT_ENV: str(stack.free_ports(["ray"])["ray"])})
-    ray = subprocess.Popen([sys.executable, "-m", "helpers.ray_service", "--state", str(own), "--num-cpus", "1"],
+    ray = subprocess.Popen([sys.executable, "-m", "workshop.ray_service", "--state", str(own), "--num-cpus", "1"],
                            env=env, cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         lines, deadline = [], time.monotonic() + 180
@@ -242,8 +245,8 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     import subprocess
     import sys
 
-    from helpers import stack
     from tests.room_intruder import waiting_at_a_door
+    from workshop import stack
 
     own = tmp_path / "state"  # the session stack's records, with the service's process one that never binds its port
     own.mkdir(mode=0o700)
@@ -253,7 +256,7 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
         env.write("LAKEFS_ACCESS_KEY_ID=AKIAJDOORTEST\nLAKEFS_SECRET_ACCESS_KEY=not-for-an-impostor\n")
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        stack.remember_process(own, service, process.pid)
+        processes.remember_process(own, service, process.pid)
         with waiting_at_a_door() as (port, heard):
             assert not stack._healthy(service, own, f"http://127.0.0.1:{port}")
     finally:

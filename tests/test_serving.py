@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import requests
 
-from helpers import candidates, cluster, listing, runner, serving_support, storage, upload
+from helpers import candidates, cluster, listing, serving_support, storage, upload
+from workshop import runner
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
 

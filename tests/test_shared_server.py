@@ -43,7 +43,7 @@ def rooms():
     """Three learners whose labs were started at the same moment; everything is stopped and removed afterwards."""
     if os.geteuid() != 0:
         pytest.skip("making throwaway users needs root")
-    probe = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "import helpers.lab"],
+    probe = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-c", "import workshop.lab"],
                            capture_output=True, text=True, cwd=project_root())
     if probe.returncode != 0:
         fail_or_skip(f"another user cannot run {sys.executable} with this checkout ({probe.stderr.strip()[-200:]}); "
@@ -104,7 +104,7 @@ def test_each_learner_runs_notebooks_03_and_04_headless_at_the_same_time(rooms, 
     notebooks = {"03_ray_data": (), "04_distributed": ("-p", "epochs", "3", "-p", "checkpoint_every", "3")}
 
     def run_notebooks(room: Room) -> dict[str, subprocess.CompletedProcess]:
-        runner = [".venv/bin/python", "-m", "helpers.runner", "--only"]
+        runner = [".venv/bin/python", "-m", "workshop.runner", "--only"]
         return {name: subprocess.run(room.command(*runner, name, *args), capture_output=True, text=True,
                                      timeout=1200) for name, args in notebooks.items()}
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import lakefs_binary, listing, stack, storage, upload
+from helpers import listing, storage, upload
 from helpers.config import load_settings
+from workshop import lakefs_binary, processes, stack
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def private_ports():
 
 
 def cli(*args, state):
-    return subprocess.run([sys.executable, "-m", "helpers.stack", *args, "--state-dir", str(state)],
+    return subprocess.run([sys.executable, "-m", "workshop.stack", *args, "--state-dir", str(state)],
                           capture_output=True, text=True, timeout=180)
 
 
@@ -45,7 +46,7 @@ def test_up_twice_status_and_down(state):
     # MLflow and Ray start side by side, not Ray after MLflow answered (MLflow alone takes 8 s or more)
     started = {name: psutil.Process(pid).create_time() for name, pid in pids.items()}
     assert abs(started["ray"] - started["mlflow"]) < 3
-    mlflow_commands = [" ".join(p.cmdline()) for p in stack._process_group(psutil.Process(pids["mlflow"]))]
+    mlflow_commands = [" ".join(p.cmdline()) for p in processes.process_group(psutil.Process(pids["mlflow"]))]
     assert not [c for c in mlflow_commands if "huey" in c or "_job_runner" in c], "MLflow's job runner is off"
     ray_processes = psutil.Process(pids["ray"]).children(recursive=True)  # GCS, raylet, agents, workers
     assert len(ray_processes) >= 3
@@ -105,7 +106,7 @@ def _mlflow_answers(url: str, path: str, auth: tuple[str, str] | None = None, bo
 @pytest.mark.timeout(300)
 def test_up_over_an_older_stack_starts_it_secured_and_keeps_its_data(state):
     """An older stack's SeaweedFS (no JWT, no TLS) and MLflow (no login), left running, are started again."""
-    from helpers import seaweedfs_security
+    from workshop import seaweedfs_security
 
     stack.up(state, ports=private_ports(), with_ray=False, with_lakefs=False)  # keys, folders, settings
     stack.down(state)
@@ -178,12 +179,12 @@ def test_a_service_stays_ours_when_the_clock_is_set():
     # start on the wall clock no longer matches, the start since boot does. Both moved: another process.
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        record = stack._identity(psutil.Process(sleeper.pid))
+        record = processes.identity(psutil.Process(sleeper.pid))
         moved = {**record, "create_time": record["create_time"] + 6}
-        assert stack._our_process(moved).pid == sleeper.pid
-        assert stack._our_process({**moved, "since_boot": record["since_boot"] + 6}) is None
-        assert stack._our_process({**record, "exe": "/bin/sh"}) is None
-        assert stack._our_process({k: v for k, v in record.items() if k != "since_boot"}).pid == sleeper.pid
+        assert processes.our_process(moved).pid == sleeper.pid
+        assert processes.our_process({**moved, "since_boot": record["since_boot"] + 6}) is None
+        assert processes.our_process({**record, "exe": "/bin/sh"}) is None
+        assert processes.our_process({k: v for k, v in record.items() if k != "since_boot"}).pid == sleeper.pid
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -253,11 +254,11 @@ def test_a_service_whose_main_process_was_killed_comes_back_with_the_next_up(sta
                     "ray": ports["ray"]}
     for name in services:
         main = psutil.Process(stack.status(state)[stack.SERVICES.index(name)].pid)
-        left = [p for p in stack._process_group(main) if p.pid != main.pid]
+        left = [p for p in processes.process_group(main) if p.pid != main.pid]
         main.kill()
         main.wait(10)
         if name == "mlflow":
-            assert left and stack.orphans(state, "mlflow"), "MLflow's worker outlives its server"
+            assert left and processes.orphans(state, "mlflow"), "MLflow's worker outlives its server"
             assert ports["mlflow"] in _listening_pids([ports["mlflow"]]), "and holds the port"
         started = time.monotonic()
         again = {r.name: r for r in stack.up(state)}
@@ -270,7 +271,7 @@ def test_a_service_whose_main_process_was_killed_comes_back_with_the_next_up(sta
         assert listener is not None and listener in {again[name].pid} | {
             p.pid for p in psutil.Process(again[name].pid).children(recursive=True)}, name
     everything = [p for name in services
-                  for p in stack._process_group(psutil.Process(stack.status(state)[stack.SERVICES.index(name)].pid))]
+                  for p in processes.process_group(psutil.Process(stack.status(state)[stack.SERVICES.index(name)].pid))]
     assert sorted(stack.down(state)) == sorted(services)
     assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not _listening_pids(list(ports.values()))
@@ -281,19 +282,19 @@ def test_orphans_are_only_the_service_s_own_session(state):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        stack.remember_process(state, "mlflow", sleeper.pid)
+        processes.remember_process(state, "mlflow", sleeper.pid)
         record = json.loads((state / "mlflow.pid").read_text())
         assert record["session"] == sleeper.pid
-        assert stack.orphans(state, "mlflow") == [], "the main process runs: nothing is orphaned"
+        assert processes.orphans(state, "mlflow") == [], "the main process runs: nothing is orphaned"
         sleeper.kill()
         sleeper.wait()
-        assert stack.orphans(state, "mlflow") == [] and stranger.poll() is None
+        assert processes.orphans(state, "mlflow") == [] and stranger.poll() is None
         (state / "mlflow.pid").write_text(json.dumps({**record, "session": stranger.pid,
                                                       "create_time": record["create_time"] + 3600}))
-        assert stack.orphans(state, "mlflow") == [], "it started before the service: not the service's"
+        assert processes.orphans(state, "mlflow") == [], "it started before the service: not the service's"
         (state / "mlflow.pid").write_text(json.dumps({**record, "session": stranger.pid, "create_time": 1.0}))
-        assert [p.pid for p in stack.orphans(state, "mlflow")] == [stranger.pid]
-        assert stack.stop_orphans(state, "mlflow") == 1 and stranger.wait(10) is not None
+        assert [p.pid for p in processes.orphans(state, "mlflow")] == [stranger.pid]
+        assert processes.stop_orphans(state, "mlflow") == 1 and stranger.wait(10) is not None
     finally:
         for proc in (sleeper, stranger):
             if proc.poll() is None:
@@ -350,7 +351,7 @@ def _modes(root):
 @pytest.mark.slow
 def test_two_ups_at_once_start_one_stack_and_every_state_file_is_private(state):
     stack.write_private(state / "ports.json", json.dumps(private_ports()))
-    command = [sys.executable, "-m", "helpers.stack", "up", "--no-lakefs", "--no-ray", "--state-dir", str(state)]
+    command = [sys.executable, "-m", "workshop.stack", "up", "--no-lakefs", "--no-ray", "--state-dir", str(state)]
     runs = [subprocess.Popen(command,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outputs = [run.communicate(timeout=180) for run in runs]
@@ -467,7 +468,7 @@ def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(
     try:
         port = server.server_address[1]
         (tmp_path / "ports.json").write_text(json.dumps({"s3": port, "master": port, "volume": volume}))
-        stack.remember_process(tmp_path, "seaweedfs", os.getpid())  # the port's listener: this process, as recorded
+        processes.remember_process(tmp_path, "seaweedfs", os.getpid())  # the port's listener: this process, as recorded
         assert stack._healthy("seaweedfs", tmp_path, f"http://127.0.0.1:{port}") is ready
     finally:
         server.shutdown()
@@ -695,7 +696,7 @@ def test_a_bad_download_says_why_and_installs_nothing(releases, tmp_path, case):
 
 
 def up_download_lakefs(state, home, releases_url: str, sha256: str = "") -> subprocess.CompletedProcess:
-    """``python -m helpers.stack up --download-lakefs`` with no lakefs anywhere, on private ports.
+    """``python -m workshop.stack up --download-lakefs`` with no lakefs anywhere, on private ports.
 
     ``sha256`` takes the place of the real release's pinned digest, for a test archive.
     """
@@ -751,8 +752,8 @@ def test_an_exited_process_its_parent_has_not_reaped_counts_as_stopped():
         child.kill()
         while child.status() != psutil.STATUS_ZOMBIE:  # exited, and its parent never reaps it
             time.sleep(0.05)
-        assert stack._wait_stopped([child], timeout=0) == []
-        assert stack._wait_stopped([psutil.Process(parent.pid)], timeout=0) == [psutil.Process(parent.pid)]
+        assert processes.wait_stopped([child], timeout=0) == []
+        assert processes.wait_stopped([psutil.Process(parent.pid)], timeout=0) == [psutil.Process(parent.pid)]
     finally:
         parent.kill()
         parent.wait()

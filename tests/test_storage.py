@@ -185,7 +185,7 @@ def test_unreachable_store_names_the_endpoint_and_the_fix(settings):
     down = storage.get_client(dataclasses.replace(settings, s3_endpoint="http://127.0.0.1:9"), retries=0)
     with pytest.raises(storage.ObjectStoreUnreachable) as err:
         listing.get_train_test_data("mnist", client=down)
-    assert "http://127.0.0.1:9" in str(err.value) and "python -m helpers.stack up" in str(err.value)
+    assert "http://127.0.0.1:9" in str(err.value) and "python -m workshop.stack up" in str(err.value)
 
 
 def test_missing_bucket_and_missing_manifest(client, bucket):

@@ -18,8 +18,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from helpers import lab, stack, worker_metrics
+from helpers import worker_metrics
 from helpers.config import project_root
+from workshop import lab, processes, stack
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
 
@@ -28,8 +29,8 @@ SMALL = ["-p", "smoke_test_size", "300", "-p", "epochs", "2", "-p", "checkpoint_
 
 
 def submit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m helpers.submit`` (what ``make submit`` runs), from the project root."""
-    return subprocess.run([sys.executable, "-m", "helpers.submit", *args], cwd=project_root(), capture_output=True,
+    """``python -m workshop.submit`` (what ``make submit`` runs), from the project root."""
+    return subprocess.run([sys.executable, "-m", "workshop.submit", *args], cwd=project_root(), capture_output=True,
                           text=True, timeout=900, env=env or dict(os.environ))
 
 
@@ -106,7 +107,8 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
     """Another Ray of this user, started by ``ray start`` in Ray's default temporary folder, is where Ray's
     ``"auto"`` points by default; a job submitted to the lab's Ray must still join the lab's Ray (its notebook
     joined the other one, where the job's files are not, and failed)."""
-    from helpers import stack_ray, submit, worker_env
+    from helpers import stack_ray, worker_env
+    from workshop import submit
 
     worker_env.private_ray_tmpdir()
     port = stack.free_ports(["ray"])["ray"]
@@ -132,7 +134,7 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
         assert f"joins {lab_address}" in client.get_job_logs(job), (client.get_job_logs(job), lab_address)
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
-            stack.stop_group(psutil.Process(other.pid), timeout=3)
+            processes.stop_group(psutil.Process(other.pid), timeout=3)
         with contextlib.suppress(OSError):
             if marker.read_text().strip().endswith(f":{port}"):  # `ray start` leaves it; ours only
                 marker.unlink()
@@ -181,7 +183,7 @@ def test_make_submit_runs_04_on_a_two_node_cluster_on_loopback(settings, results
     finally:
         for proc in reversed(nodes):
             with contextlib.suppress(psutil.NoSuchProcess):
-                stack.stop_group(psutil.Process(proc.pid), timeout=3)
+                processes.stop_group(psutil.Process(proc.pid), timeout=3)
         for folder in folders:
             shutil.rmtree(folder, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -196,7 +198,7 @@ def test_make_submit_runs_04_on_a_two_node_cluster_on_loopback(settings, results
 
 def test_the_lab_s_dashboard_is_known_by_its_port_whether_named_localhost_or_127_0_0_1():
     """make submit sends the lab's Ray's own token only to the lab's dashboard, however the learner names it."""
-    from helpers.submit import _same_local_address
+    from workshop.submit import _same_local_address
 
     lab = "http://127.0.0.1:8265"
     assert _same_local_address("http://localhost:8265", lab) and _same_local_address("127.0.0.1:8265/", lab)

@@ -194,8 +194,9 @@ def test_an_object_store_outage_mid_sweep_is_one_line(settings, arrays, tmp_path
     import threading
     import time
 
-    from helpers import notebook, stack, storage
+    from helpers import notebook, storage
     from helpers.config import load_settings
+    from workshop import stack
 
     state = tmp_path / "store"
     stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from helpers import runner
 from helpers.config import project_root
+from workshop import runner
 
 NOTEBOOKS = runner.notebook_paths()
 IP = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
@@ -44,7 +44,7 @@ def test_each_notebook_opens_with_who_it_is_for_objectives_time_services_and_its
 def test_each_exercise_is_a_question_a_cell_to_write_in_and_a_folded_solution_before_the_summary(notebook):
     import ast
 
-    from helpers import solutions
+    from workshop import solutions
 
     nb = json.loads(notebook.read_text())
     all_cells = nb["cells"]
@@ -74,7 +74,7 @@ def test_the_learner_s_text_holds_no_maintainers_sentences(notebook):
 
 
 def test_with_solutions_puts_each_solution_after_its_folded_block():
-    from helpers import solutions
+    from workshop import solutions
 
     nb = json.loads(runner.notebook_paths(pattern="04_*.ipynb")[0].read_text())
     ran = solutions.with_solutions(nb)

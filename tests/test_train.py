@@ -154,7 +154,7 @@ def test_a_cached_shard_gives_later_epochs_the_same_rows_in_a_new_order_without_
     import ray.data
     import torch
 
-    from helpers.worker_support import ShardCache
+    from helpers.training_support import ShardCache
 
     cluster.init_ray(settings)
     shard = ray.data.from_items([{"X": np.full(4, i, np.float32), "y": i} for i in range(50)])
@@ -199,7 +199,7 @@ def test_a_refused_log_turns_worker_logging_off_with_one_line(settings, capsys):
     assert training.worker_mlflow_client({"run_id": "x", "tracking_uri": "http://127.0.0.1:9"}, 0) is None
     assert "127.0.0.1:9" in capsys.readouterr().out
     assert training.worker_mlflow_client({"run_id": "x", "tracking_uri": settings.mlflow_tracking_uri}, 1) is None
-    with pytest.raises(tracking.TrackingUnavailable, match="127.0.0.1:9.*python -m helpers.stack up"):
+    with pytest.raises(tracking.TrackingUnavailable, match="127.0.0.1:9.*python -m workshop.stack up"):
         tracking.connect("http://127.0.0.1:9")
 
 
@@ -270,7 +270,7 @@ def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_pa
     import threading
     import time
 
-    from helpers import stack
+    from workshop import stack
 
     state = tmp_path / "stack"
     session = os.environ.get("STACK_STATE_DIR")
@@ -379,8 +379,9 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
     import threading
     import time
 
-    from helpers import interrupts, notebook, stack
+    from helpers import interrupts, notebook
     from helpers.config import load_settings
+    from workshop import stack
 
     state = tmp_path / "store"
     stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
@@ -431,7 +432,7 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
         watcher.join(timeout=5)
         assert notebook.user_error_line(failed.value) == (
             f"ObjectStoreUnreachable: The object store at {private.s3_url} stopped answering during training. "
-            "Start it again (`python -m helpers.stack up`), then run the cells again: a training run resumes "
+            "Start it again (`python -m workshop.stack up`), then run the cells again: a training run resumes "
             "from its last checkpoint in the bucket, a sweep starts over.")
         stopped = client.search_runs([experiment])[0]
         assert stopped.info.status == "FAILED" and stopped.data.tags[tracking.RESUMABLE_TAG] == "true"

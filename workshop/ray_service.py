@@ -1,4 +1,4 @@
-"""The stack's Ray: one local Ray that ``python -m helpers.stack up`` keeps running for every notebook.
+"""The stack's Ray: one local Ray that ``python -m workshop.stack up`` keeps running for every notebook.
 
 Starting Ray costs about ten seconds on a 2-core laptop; joining a running one
 (:func:`helpers.cluster.init_ray`, ``ray.init(address=...)`` as for a real
@@ -111,7 +111,7 @@ def _fate_shared(state: Path, stopping: threading.Event, dashboard: bool) -> Non
                 child.kill()
         taken = [port for port, door in zip(doors[process.pid], held, strict=True) if door is None]
         print(f"Ray's {kind} (pid {process.pid}) died: every process of this Ray stopped, so that none calls its "
-              "ports again; `python -m helpers.stack up` starts a new Ray with a new token."
+              "ports again; `python -m workshop.stack up` starts a new Ray with a new token."
               + (f" Another program took its port(s) {taken} first." if taken else ""), flush=True)
         os._exit(1)
 
@@ -168,7 +168,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     if not refuses_clients_without_token(ray.get_runtime_context().gcs_address):
         ray.shutdown()
         sys.exit("error: Ray started without token authentication, open to every user of this machine, and was "
-                 "stopped. Unset RAY_AUTH_MODE, or set it to token, and run `python -m helpers.stack up` again.")
+                 "stopped. Unset RAY_AUTH_MODE, or set it to token, and run `python -m workshop.stack up` again.")
     # The address file "auto" reads (`ray start` writes one, `ray.init` does not; its name is Ray's business).
     write_ray_address(ray.get_runtime_context().gcs_address, ray._private.worker._global_node.get_temp_dir_path())
     dashboard = f"http://127.0.0.1:{dashboard_port}" if dashboard_port is not None else None
@@ -196,8 +196,8 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.ray_service --state DIR [--num-cpus N]`` (started by ``helpers.stack up``)."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.ray_service", description=__doc__.split("\n")[0])
+    """``python -m workshop.ray_service --state DIR [--num-cpus N]`` (started by ``workshop.stack up``)."""
+    parser = argparse.ArgumentParser(prog="python -m workshop.ray_service", description=__doc__.split("\n")[0])
     parser.add_argument("--state", type=Path, required=True, help="the stack's state folder")
     parser.add_argument("--num-cpus", type=int, help="CPUs Ray may use (default: all)")
     parser.add_argument("--dashboard-port", type=int, help="also run Ray's dashboard on this port (make lab)")

@@ -1,6 +1,6 @@
 """The lakeFS server binary for the embedded stack: found where it is installed, or fetched once.
 
-``make run`` starts the stack with ``python -m helpers.stack up --download-lakefs``:
+``make run`` starts the stack with ``python -m workshop.stack up --download-lakefs``:
 where no ``lakefs`` binary is found, the release pinned for docker compose
 (:data:`LAKEFS_VERSION`) is fetched from lakeFS's releases into ``~/.lakefs/bin``.
 The archive must match the SHA-256 pinned here (:data:`RELEASE_SHA256`), and the

@@ -34,12 +34,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from helpers import stack, stack_ray
+from helpers import stack_ray
 from helpers.cluster import check_cluster
 from helpers.config import ConfigError, load_settings, project_root, state_dir
 from helpers.errors import TutorialError
 from helpers.files import write_private
 from helpers.worker_env import ROOM_ENVIRONMENT
+from workshop import processes, stack
 
 # The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
 RAY_TOKEN_COOKIE = "ray-authentication-token"
@@ -117,7 +118,7 @@ def start_jupyter(command: list[str], token: str, log_path: Path, state: Path) -
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**kernel_environment(), "JUPYTER_TOKEN_FILE": str(token_file)},
                                 start_new_session=True)
-    stack.remember_process(state, JUPYTER_RECORD, proc.pid)
+    processes.remember_process(state, JUPYTER_RECORD, proc.pid)
     return proc
 
 
@@ -163,7 +164,7 @@ def stop_process(proc, timeout: float = 20.0) -> None:
     import psutil
 
     with contextlib.suppress(psutil.NoSuchProcess):
-        stack.stop_group(proc if isinstance(proc, psutil.Process) else psutil.Process(proc.pid), timeout,
+        processes.stop_group(proc if isinstance(proc, psutil.Process) else psutil.Process(proc.pid), timeout,
                          leader_first=True)
     if isinstance(proc, subprocess.Popen):
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -177,12 +178,12 @@ def claim_state(state: Path) -> None:
         LabError: another ``make lab`` is running on this state folder.
     """
     with stack.state_lock(state):  # two labs started at the same moment: one claims the state, the other is told
-        other = stack.remembered_process(state, LAB_RECORD)
+        other = processes.remembered_process(state, LAB_RECORD)
         if other is not None and other.pid != os.getpid():
             raise LabError(f"make lab is already running (pid {other.pid}): use the URLs it printed, or stop it "
                            f"first (Ctrl-C in its terminal, or `kill {other.pid}`).")
-        stack.remember_process(state, LAB_RECORD, os.getpid())
-    leftover = stack.remembered_process(state, JUPYTER_RECORD)
+        processes.remember_process(state, LAB_RECORD, os.getpid())
+    leftover = processes.remembered_process(state, JUPYTER_RECORD)
     if leftover is not None:
         stop_process(leftover)
         print(f"Stopped the JupyterLab an earlier make lab left running (pid {leftover.pid}).")
@@ -298,7 +299,7 @@ def start_dashboard_sign_in(port: int, state: Path, token: str, dashboard_url: s
     ``GET /?key=<key>`` with an unused key sets Ray's own token cookie, as the dashboard's token prompt would,
     and forwards the browser to the dashboard; the key is then used up, so a link that leaked (a shared
     screen, a browser history) signs nobody in. Cookies belong to a host, not a port, so the dashboard on
-    127.0.0.1 receives it. Another key: ``python -m helpers.lab --sign-in-link``.
+    127.0.0.1 receives it. Another key: ``python -m workshop.lab --sign-in-link``.
     """
 
     class SignIn(BaseHTTPRequestHandler):
@@ -306,7 +307,7 @@ def start_dashboard_sign_in(port: int, state: Path, token: str, dashboard_url: s
             given = parse_qs(urlsplit(self.path).query).get("key", [""])[0]
             if not use_sign_in_key(state, given):
                 self.send_error(403, "This sign-in link was used already, or is not one make lab printed: "
-                                     "`python -m helpers.lab --sign-in-link` prints a new one.")
+                                     "`python -m workshop.lab --sign-in-link` prints a new one.")
                 return
             self.send_response(303)
             self.send_header("Set-Cookie", f"{RAY_TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict")
@@ -326,12 +327,12 @@ def start_dashboard_sign_in(port: int, state: Path, token: str, dashboard_url: s
 
 
 def sign_in_link(state: Path) -> str:
-    """A new one-time sign-in link for the running lab's dashboard (``python -m helpers.lab --sign-in-link``).
+    """A new one-time sign-in link for the running lab's dashboard (``python -m workshop.lab --sign-in-link``).
 
     Raises:
         LabError: no ``make lab`` runs on this state folder.
     """
-    if stack.remembered_process(state, LAB_RECORD) is None or not (state / LAB_FILE).is_file():
+    if processes.remembered_process(state, LAB_RECORD) is None or not (state / LAB_FILE).is_file():
         raise LabError("make lab is not running: start it (`make lab`), it prints a sign-in link.")
     port = json.loads((state / LAB_FILE).read_text())["sign_in_port"]
     return f"http://127.0.0.1:{port}/?key={new_sign_in_key(state)}"
@@ -343,9 +344,9 @@ def urls(settings, jupyter_port: int, token: str, dashboard: str | None, sign_in
     if dashboard:
         out["Ray dashboard"] = f"{sign_in} (signs this browser in to {dashboard})" if sign_in else dashboard
     out["MLflow"] = (f"{settings.mlflow_tracking_uri} (user {settings.mlflow_username}; its password: "
-                     "python -m helpers.stack env)" if settings.mlflow_username else settings.mlflow_tracking_uri)
+                     "python -m workshop.stack env)" if settings.mlflow_username else settings.mlflow_tracking_uri)
     if settings.lakefs_endpoint:
-        out["lakeFS"] = f"{settings.lakefs_endpoint} (keys: python -m helpers.stack env)"
+        out["lakeFS"] = f"{settings.lakefs_endpoint} (keys: python -m workshop.stack env)"
     return out
 
 
@@ -387,7 +388,7 @@ def lab_ports(jupyter: int | None, dashboard: int | None, sign_in: int | None) -
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m helpers.lab", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workshop.lab", description=__doc__.split("\n")[0])
     parser.add_argument("--cpus", type=int, help="CPUs the lab's Ray may use (default: all)")
     parser.add_argument("--dashboard-port", type=int, help="default 8265, or a free one where that is taken")
     parser.add_argument("--sign-in-port", type=int, help="the dashboard's sign-in link (default 8266, or a free one)")
@@ -409,7 +410,7 @@ def _print_sign_in_link(state: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.lab [--no-jupyter]``: exits 0 when stopped, 1 when something could not start."""
+    """``python -m workshop.lab [--no-jupyter]``: exits 0 when stopped, 1 when something could not start."""
     args = _parser().parse_args(argv)
     state = state_dir()
     if args.sign_in_link:
@@ -514,7 +515,7 @@ def clean_up(state: Path, jupyter: subprocess.Popen | None, sign_in_server: Thre
             restore_stack_ray(state)
         except stack.StackError as err:
             print(f"error: the stack's Ray did not start again: {err}", file=sys.stderr)
-    recorded = stack.remembered_process(state, LAB_RECORD)
+    recorded = processes.remembered_process(state, LAB_RECORD)
     if recorded is not None and recorded.pid == os.getpid():
         (state / f"{LAB_RECORD}.pid").unlink(missing_ok=True)
 

@@ -2,7 +2,7 @@
 
 The Jobs API is how a cluster is used from outside it. This sends the project (the job's working folder,
 without the virtual environment, the stack's state or earlier runs) to the cluster's dashboard with
-``JobSubmissionClient``, runs ``python -m helpers.notebook_job`` there (papermill, as ``make run``), and
+``JobSubmissionClient``, runs ``python -m workshop.notebook_job`` there (papermill, as ``make run``), and
 streams the job's log here. The executed notebook comes back into ``runs/submitted/`` where the bucket
 can be read from here, or its ``s3://`` address is printed. The exit status is the job's: 0 when the
 notebook ran, 1 when it failed, 130 after Ctrl-C (which stops the job too).
@@ -89,8 +89,8 @@ async def _follow(client, job_id: str) -> None:
 
 def fetch_result(log: str, job_id: str, root: Path) -> str:
     """The executed notebook the job kept in the bucket, copied into ``runs/submitted/<job>/``; one line."""
-    from helpers.notebook_job import RESULT_LINE
     from helpers.storage import get_client
+    from workshop.notebook_job import RESULT_LINE
 
     where = next((line.split(RESULT_LINE, 1)[1].strip() for line in reversed(log.splitlines())
                   if RESULT_LINE in line), None)
@@ -110,7 +110,7 @@ def submit(notebook: str, parameters: list[list[str]], address: str | None = Non
     """Submit notebook ``notebook`` with papermill ``parameters``; stream its log; the job's exit status."""
     from ray.job_submission import JobStatus
 
-    from helpers.notebook_job import find_notebook
+    from workshop.notebook_job import find_notebook
 
     root = project_root()
     path = find_notebook(notebook, root)
@@ -118,7 +118,7 @@ def submit(notebook: str, parameters: list[list[str]], address: str | None = Non
     client = _client(address)
     arguments = " ".join(f"-p {shlex.quote(name)} {shlex.quote(value)}" for name, value in parameters)
     job_id = client.submit_job(
-        entrypoint=f"python -m helpers.notebook_job {path.name} {arguments}".strip(),
+        entrypoint=f"python -m workshop.notebook_job {path.name} {arguments}".strip(),
         runtime_env={"working_dir": str(root), "excludes": EXCLUDES},
         submission_id=f"notebook-{path.name[:2]}-{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(2).hex()}",
         metadata={"notebook": path.name})
@@ -140,8 +140,8 @@ def submit(notebook: str, parameters: list[list[str]], address: str | None = Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m helpers.submit NB [-p NAME VALUE ...] [--address URL]``."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.submit", description=__doc__.split("\n")[0])
+    """``python -m workshop.submit NB [-p NAME VALUE ...] [--address URL]``."""
+    parser = argparse.ArgumentParser(prog="python -m workshop.submit", description=__doc__.split("\n")[0])
     parser.add_argument("notebook", help="its number, e.g. 04")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                         help="a papermill parameter (value read as JSON where it is JSON)")

@@ -77,7 +77,7 @@ def write_security(state: Path) -> Path:
     private_folder(folder)
     private_folder(folder / "tls")
     ca, cert, key = _certificates(folder / "tls")
-    lines = ["# Written by `python -m helpers.stack up` at every start; read by `weed -config_dir=...`."]
+    lines = ["# Written by `python -m workshop.stack up` at every start; read by `weed -config_dir=...`."]
     for section in ("jwt.signing", "jwt.signing.read", "jwt.filer_signing", "jwt.filer_signing.read"):
         lines += [f"[{section}]", f'key = "{secrets.token_urlsafe(32)}"', "expires_after_seconds = 10"]
     lines += ["[access]", "ui = false", "[filer.expose_directory_metadata]", "enabled = false",

@@ -1,4 +1,4 @@
-"""Write the lesson modules of ``helpers`` from the notebooks' ``#@save`` cells (``python -m helpers.export``).
+"""Write the lesson modules of ``helpers`` from the notebooks' ``#@save`` cells (``python -m workshop.export``).
 
 The code a later notebook reuses is written once, in the notebook that
 teaches it, in a code cell whose first line is ``#@save``. This command
@@ -98,7 +98,7 @@ def module_source(notebook: Path) -> str:
     cells = saved_cells(notebook)
     for index, _, source in cells:
         _check_cell(notebook, index, source)
-    header = (f'"""Generated from notebooks/{notebook.name} by `python -m helpers.export`: edit the notebook.\n\n'
+    header = (f'"""Generated from notebooks/{notebook.name} by `python -m workshop.export`: edit the notebook.\n\n'
               f"Lesson {_title(notebook)}. Above each definition, the cell that teaches it.\n"
               '"""\n')
     return header + "\n\n".join(_with_origins(notebook, index, cell_id, source) for index, cell_id, source in cells)
@@ -134,13 +134,13 @@ def write_modules(root: Path | None = None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the modules, or with ``--check`` exit 1 naming the ones out of date."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.export", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workshop.export", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only report modules that differ from their notebook")
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_modules()
         for path in stale:
-            print(f"{path} differs from its notebook: run `python -m helpers.export`.")
+            print(f"{path} differs from its notebook: run `python -m workshop.export`.")
         return 1 if stale else 0
     for path in write_modules():
         print(f"wrote {path}")

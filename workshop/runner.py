@@ -1,6 +1,6 @@
 """Execute the numbered notebooks with papermill and summarise the run (``make run``).
 
-``python -m helpers.runner`` runs every ``notebooks/NN_*.ipynb`` at its
+``python -m workshop.runner`` runs every ``notebooks/NN_*.ipynb`` at its
 default (smoke) parameters into ``runs/<timestamp>/`` and prints one line
 per notebook with its status and time. ``--solutions`` runs each notebook
 with its exercises' solutions inserted and run (``make solutions``, for an
@@ -104,9 +104,9 @@ def local_kernel_manager():
 def with_solutions_file(notebook: Path, folder: Path) -> Path:
     """A copy of ``notebook`` in ``folder`` with its exercises' solutions inserted as code cells.
 
-    See :mod:`helpers.solutions`; the copy is hidden (a dot file) and the caller deletes it.
+    See :mod:`workshop.solutions`; the copy is hidden (a dot file) and the caller deletes it.
     """
-    from helpers.solutions import with_solutions
+    from workshop.solutions import with_solutions
 
     copy = folder / f".{notebook.stem}.solutions.ipynb"
     copy.write_text(json.dumps(with_solutions(json.loads(notebook.read_text())), indent=1))
@@ -150,7 +150,7 @@ def execute(notebook: Path, output: Path, parameters: dict | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     """Execute every notebook, print the summary; exit 1 if any failed."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.runner", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workshop.runner", description=__doc__.split("\n")[0])
     parser.add_argument("--only", help="run only notebooks whose name contains this text")
     parser.add_argument("--before", metavar="NN", help="run only the notebooks numbered below NN (e.g. 04): what "
                                                         "a learner joining at NN would have run")

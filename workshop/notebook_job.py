@@ -1,8 +1,8 @@
 """A notebook as a Ray Job's entrypoint: run it with papermill, keep the executed notebook in the bucket.
 
-``python -m helpers.notebook_job 04 -p epochs 3`` is what ``make submit`` (:mod:`helpers.submit`) asks a
+``python -m workshop.notebook_job 04 -p epochs 3`` is what ``make submit`` (:mod:`workshop.submit`) asks a
 cluster to run, in a copy of this project (the job's working folder). The notebook runs as ``make run``
-runs it (:func:`helpers.runner.execute`); the executed notebook, outputs or the error it stopped at, then
+runs it (:func:`workshop.runner.execute`); the executed notebook, outputs or the error it stopped at, then
 goes to ``s3://ray/notebook-runs/<time>-<notebook>`` (a job's folder is gone once it ends) and one line
 says where. The exit status is the notebook's: 1 when a cell failed, else 0 (a skipped notebook says why).
 """
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from helpers.runner import execute, notebook_paths
+from workshop.runner import execute, notebook_paths
 
 RESULTS_BUCKET = "ray"  # the bucket the compose and KubeRay stacks create for Ray's results
 RESULTS_PREFIX = "notebook-runs"
@@ -57,7 +57,7 @@ def keep_in_bucket(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one notebook, keep it in the bucket, print where; the notebook's exit status."""
-    parser = argparse.ArgumentParser(prog="python -m helpers.notebook_job", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m workshop.notebook_job", description=__doc__.split("\n")[0])
     parser.add_argument("notebook", help="its number (04) or file name")
     parser.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     args = parser.parse_args(argv)

