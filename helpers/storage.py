@@ -35,6 +35,10 @@ class ObjectStoreUnreachable(StorageError):
     """Nothing answers at the configured endpoint."""
 
 
+class ObjectStoreFailing(StorageError):
+    """The object store answers, but with server errors (HTTP 5xx) to every try."""
+
+
 class BadCredentials(StorageError):
     """The object store rejected the access key or secret."""
 
@@ -184,6 +188,12 @@ def translate_error(err: Exception, client: Minio, bucket: str | None = None) ->
         if err.code == "NoSuchBucket":
             return bucket_not_found(endpoint, bucket or err.bucket_name)
         return err
+    if isinstance(err, urllib3.exceptions.MaxRetryError) and isinstance(err.reason, urllib3.exceptions.ResponseError):
+        return ObjectStoreFailing(
+            f"The object store at {endpoint} answered every try with a server error ({err.reason}). A full disk "
+            "is the usual cause: the embedded stack's store stops writing when less than 1% of its disk is free "
+            "(its log: .stack/logs/seaweedfs.log). Free some space, then run the cell again."
+        )
     if isinstance(err, (urllib3.exceptions.MaxRetryError, urllib3.exceptions.ProtocolError,
                         urllib3.exceptions.NewConnectionError, ConnectionError)):
         return ObjectStoreUnreachable(

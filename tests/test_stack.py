@@ -145,6 +145,18 @@ def test_up_over_an_older_stack_starts_it_secured_and_keeps_its_data(state):
     assert again["mlflow"].detail == again["seaweedfs"].detail == "already running"
 
 
+def test_a_disk_too_full_for_the_object_store_is_one_line_before_anything_starts(state, monkeypatch):
+    """Below 1% free SeaweedFS writes nothing and every upload fails with HTTP 500: up says so first."""
+    import shutil
+
+    monkeypatch.setattr(stack, "SPARE_BYTES", shutil.disk_usage(state).free)  # the real disk, 1% short
+    with pytest.raises(stack.StackError, match=r"GB free of .* free .* GB or more, or set STACK_STATE_DIR"):
+        stack.up(state, ports=private_ports())
+    assert all(processes.remembered_process(state, name) is None for name in stack.SERVICES)
+    monkeypatch.setattr(stack, "SPARE_BYTES", 0)
+    stack.check_free_space(state)  # a disk with room passes
+
+
 def test_port_in_use_is_named(state):
     ports = private_ports()
     with socket.socket() as blocker:

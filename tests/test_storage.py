@@ -188,6 +188,34 @@ def test_unreachable_store_names_the_endpoint_and_the_fix(settings):
     assert "http://127.0.0.1:9" in str(err.value) and "python -m workshop.stack up" in str(err.value)
 
 
+def test_a_store_that_fails_every_write_is_one_line_about_its_disk_within_seconds(settings, bucket):
+    """A store whose disk is full answers HTTP 500 (SeaweedFS below 1% free): not "cannot reach", and no long wait."""
+    import http.server
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self):  # noqa: N802 - http.server's name
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = do_PUT  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        failing = storage.get_client(dataclasses.replace(settings, s3_endpoint=f"http://127.0.0.1:{server.server_port}"))
+        started = time.monotonic()
+        with pytest.raises(storage.ObjectStoreFailing) as err:
+            upload.upload_mnist(bucket, 10, client=failing, progress=False)
+        assert time.monotonic() - started < 30
+    finally:
+        server.shutdown()
+    assert "server error" in str(err.value) and "disk" in str(err.value) and "Cannot reach" not in str(err.value)
+
+
 def test_missing_bucket_and_missing_manifest(client, bucket):
     with pytest.raises(storage.BucketNotFound, match=bucket):
         listing.get_train_test_data(bucket, client=client)

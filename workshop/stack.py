@@ -37,6 +37,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import string
 import subprocess
 import sys
@@ -180,6 +181,22 @@ def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
             return 200 <= response.status < 300
     except (urllib.error.URLError, OSError):
         return False
+
+
+SPARE_BYTES = 1 << 30
+
+
+def check_free_space(folder: Path) -> None:
+    """Refuse, in one line, a disk the object store would not write to (instead of a 500 at the first upload)."""
+    usage = shutil.disk_usage(folder)
+    needed = usage.total // 100 + SPARE_BYTES
+    if usage.free < needed:
+        gb = 1 << 30
+        raise StackError(
+            f"The disk that holds {folder} has {usage.free / gb:.1f} GB free of {usage.total / gb:.0f} GB. The "
+            "embedded object store stops writing when less than 1% of its disk is free, so every upload would "
+            f"fail: free {(needed - usage.free) / gb:.1f} GB or more, or set STACK_STATE_DIR to a folder on a "
+            "disk with room, and run it again.")
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -726,12 +743,19 @@ def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[s
             "MLFLOW_FLASK_SERVER_SECRET_KEY": auth["secret_key"]}
 
 
-def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
-        with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
-        ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
+def _private_folders(state: Path) -> dict[str, Path]:
+    """The state's paths, its folders made private, on a disk with room for the object store to write."""
     paths = _paths(state)
     for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
         private_folder(folder)
+    check_free_space(paths["s3_data"])
+    return paths
+
+
+def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: float,
+        with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
+        ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
+    paths = _private_folders(state)
     ports, given = _load_or_choose_ports(state, ports)
     lakefs = lakefs_binary.find() if with_lakefs else None
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
