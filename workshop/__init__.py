@@ -1,7 +1,8 @@
 """The local platform that runs the lessons: not part of what the notebooks teach.
 
 ``stack`` (the embedded S3, MLflow, lakeFS and Ray: ``python -m workshop.stack up|down|status|env``),
-with ``ray_service`` (the stack's Ray), ``seaweedfs_security`` (the store's keys and TLS) and
+with ``state_files`` (its folder and lock), ``processes`` (its process records), ``credentials`` (its keys
+and logins), ``ray_service`` (the stack's Ray), ``seaweedfs_security`` (the store's keys and TLS) and
 ``lakefs_binary`` (lakeFS found or fetched); ``lab`` (``make lab``: JupyterLab and the dashboard's
 sign-in); ``runner`` (``make run``, ``make catch-up``), ``solutions`` (the exercises' folded solutions),
 ``export`` (``make export``: the notebooks' ``#@save`` cells into ``helpers``), ``submit`` and

@@ -40,7 +40,7 @@ from helpers.config import ConfigError, load_settings, project_root, state_dir
 from helpers.errors import TutorialError
 from helpers.files import write_private
 from helpers.worker_env import ROOM_ENVIRONMENT
-from workshop import processes, stack
+from workshop import processes, stack, state_files
 
 # The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
 RAY_TOKEN_COOKIE = "ray-authentication-token"
@@ -177,7 +177,7 @@ def claim_state(state: Path) -> None:
     Raises:
         LabError: another ``make lab`` is running on this state folder.
     """
-    with stack.state_lock(state):  # two labs started at the same moment: one claims the state, the other is told
+    with state_files.state_lock(state):  # two labs started at the same moment: one claims the state, the other is told
         other = processes.remembered_process(state, LAB_RECORD)
         if other is not None and other.pid != os.getpid():
             raise LabError(f"make lab is already running (pid {other.pid}): use the URLs it printed, or stop it "

