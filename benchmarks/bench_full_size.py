@@ -102,15 +102,16 @@ def baseline_04(ref: str, bucket: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "STACK_STATE_DIR": str(state)}
     env = {k: v for k, v in env.items() if not k.startswith(("S3_", "MLFLOW_", "LAKEFS_", "RAY_ADDRESS"))}
     python = [sys.executable, "-c"]
+    platform = "workshop" if (tree / "workshop").is_dir() else "helpers"  # the baseline's own stack and runner
     try:
         ports = stack.free_ports(["s3", "mlflow", "base", "ray"])
-        subprocess.run([sys.executable, "-m", "workshop.stack", "up", "--no-lakefs", "--state-dir", str(state),
+        subprocess.run([sys.executable, "-m", f"{platform}.stack", "up", "--no-lakefs", "--state-dir", str(state),
                         "--s3-port", str(ports["s3"]), "--mlflow-port", str(ports["mlflow"]), "--port-base",
                         str(ports["base"]), "--ray-port", str(ports["ray"])], cwd=tree, env=env, check=True)
         subprocess.run([*python, f"from helpers import upload; upload.upload_mnist({bucket!r}, 0, progress=False)"],
                        cwd=tree, env=env, check=True)
         out, notebook = root / "out.ipynb", tree / "notebooks" / "04_distributed_training.ipynb"
-        script = (f"from pathlib import Path; from workshop.runner import execute; "
+        script = (f"from pathlib import Path; from {platform}.runner import execute; "
                   f"r = execute(Path({str(notebook)!r}), Path({str(out)!r}), "
                   f"{{'bucket': {bucket!r}, 'smoke_test_size': 0}}, cell_timeout=3600); "
                   f"print('RESULT', r.status, round(r.seconds, 1))")
@@ -121,8 +122,8 @@ def baseline_04(ref: str, bucket: str) -> dict:
         return {"ref": ref, "notebook": "04", "status": status, "seconds": float(seconds),
                 **{key: facts.get(key) for key in KEPT["04"]}}
     finally:
-        subprocess.run([sys.executable, "-m", "workshop.stack", "down", "--state-dir", str(state)], cwd=tree, env=env,
-                       capture_output=True)
+        subprocess.run([sys.executable, "-m", f"{platform}.stack", "down", "--state-dir", str(state)], cwd=tree,
+                       env=env, capture_output=True)
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=project_root(), capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 

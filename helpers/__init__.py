@@ -7,7 +7,8 @@ Hand-written, called by the lessons in one visible line: a ``*_support`` module 
 one; the clients and settings (``config``, ``storage``, ``tracking``, ``versioning``, ``cluster``,
 ``stack_ray``); ``errors`` (the one base of every error a learner can fix); the notebook display
 (``notebook``, ``interrupts``, ``plots``); and ``stack``, the one door to the local platform that starts
-the services (the :mod:`workshop` package beside this one, which nothing here imports).
+the services (the :mod:`workshop` package beside this one, which nothing else here imports, and this
+door only inside its functions).
 """
 
 __version__ = "0.1.0"

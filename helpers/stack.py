@@ -23,7 +23,7 @@ class NoEmbeddedStack(TutorialError, RuntimeError):
 
 def embedded_stack_installed() -> bool:
     """Whether the platform (:mod:`workshop`) is importable: a checkout, not an image with ``helpers`` only."""
-    return importlib.util.find_spec("workshop") is not None
+    return importlib.util.find_spec("workshop") is not None and importlib.util.find_spec("workshop.stack") is not None
 
 
 def ensure_stack(with_mlflow: bool = True) -> Settings:
@@ -58,6 +58,9 @@ def run_notebook_first(number: str, parameters: dict) -> tuple[bool, str, Path]:
     Returns:
         Whether it ran to the end, its error message if not, and where its executed notebook is.
     """
+    if not embedded_stack_installed():
+        raise NoEmbeddedStack(f"Notebook {number} has to run first, and this installation has no notebook runner "
+                              f"(the workshop package): run notebook {number} yourself, then this notebook again.")
     from workshop import runner
 
     (notebook,) = runner.notebook_paths(pattern=f"{number}_*.ipynb")

@@ -716,7 +716,7 @@ def up_download_lakefs(state, home, releases_url: str, sha256: str = "") -> subp
     env = {**os.environ, "HOME": str(home), "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
            lakefs_binary.RELEASES_URL_ENV: releases_url}
     pin = f"lakefs_binary.RELEASE_SHA256 = dict.fromkeys(lakefs_binary.RELEASE_SHA256, {sha256!r}); " if sha256 else ""
-    code = f"import sys; from helpers import lakefs_binary, stack; {pin}sys.exit(stack.main(sys.argv[1:]))"
+    code = f"import sys; from workshop import lakefs_binary, stack; {pin}sys.exit(stack.main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, "up", "--download-lakefs", "--no-mlflow", "--no-ray",
                            "--state-dir", str(state)], capture_output=True, text=True, timeout=180, env=env)
 

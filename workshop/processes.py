@@ -122,8 +122,6 @@ def _legacy_record(pid: int, state: Path) -> dict | None:
         return None
 
 
-# SeaweedFS marks every volume read-only when less than 1% of its disk is free (its -minFreeSpace): then every
-# upload, checkpoint and MLflow artifact fails with HTTP 500. The stack asks for that, and 1 GiB to write into.
 def process_group(proc: psutil.Process) -> list[psutil.Process]:
     """The service and every process of its process group (``up`` starts each service in a group of its own)."""
     try:

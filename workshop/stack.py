@@ -142,6 +142,8 @@ def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
         return False
 
 
+# SeaweedFS marks every volume read-only when less than 1% of its disk is free (its -minFreeSpace): then every
+# upload, checkpoint and MLflow artifact fails with HTTP 500. The stack asks for that, and 1 GiB to write into.
 SPARE_BYTES = 1 << 30
 
 
@@ -588,11 +590,10 @@ def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[s
 
 
 def _private_folders(state: Path) -> dict[str, Path]:
-    """The state's paths, its folders made private, on a disk with room for the object store to write."""
+    """The state's paths, its folders made private."""
     paths = state_paths(state)
     for folder in (state, paths["logs"], paths["s3_data"], paths["mlflow_db"].parent, paths["lakefs_db"].parent):
         private_folder(folder)
-    check_free_space(paths["s3_data"])
     return paths
 
 
@@ -628,7 +629,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
             started.append(name)
 
     ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports),
-           prepare=lambda: _prepare_seaweedfs(state, ports))
+           prepare=lambda: (check_free_space(paths["s3_data"]), _prepare_seaweedfs(state, ports)))
     # The other services keep their buckets in it: it answers first. Then they all start side by side
     # (MLflow spends about ten seconds importing, Ray about seven starting its processes) and are waited for.
     _wait_healthy("seaweedfs", _service_url("seaweedfs", ports), starting.pop("seaweedfs"), state, timeout)
