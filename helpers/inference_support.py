@@ -20,8 +20,8 @@ def train_first(bucket: str, smoke_test_size: int, experiment: str, epochs: int 
         NoModelYet: notebook 04 failed; the message has its error and where its output notebook is.
     """
     print(f"No model yet: running notebook 04 first ({epochs} epochs, experiment {experiment!r}); about a minute")
-    ok, message, output = stack.run_notebook_first("04", {"bucket": bucket, "smoke_test_size": smoke_test_size,
-                                                          "epochs": epochs, "experiment": experiment})
-    if not ok:
-        raise NoModelYet(f"Notebook 04 could not train a first model ({message}); its output is {output}. "
-                         "Run notebook 04 yourself, then this notebook again.")
+    failed = stack.run_notebook_first("04", {"bucket": bucket, "smoke_test_size": smoke_test_size, "epochs": epochs,
+                                             "experiment": experiment})
+    if failed:
+        raise NoModelYet(f"Notebook 04 could not train a first model ({failed}). Run notebook 04 yourself, then "
+                         "this notebook again.")

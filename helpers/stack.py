@@ -10,6 +10,7 @@ image), the services are configured, and :func:`ensure_stack` reads the settings
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -52,11 +53,10 @@ def ensure_stack(with_mlflow: bool = True) -> Settings:
     return settings
 
 
-def run_notebook_first(number: str, parameters: dict) -> tuple[bool, str, Path]:
+def run_notebook_first(number: str, parameters: dict) -> str | None:
     """Run notebook ``number`` headless with papermill, as ``make catch-up`` does (:func:`workshop.runner.execute`).
 
-    Returns:
-        Whether it ran to the end, its error message if not, and where its executed notebook is.
+    Returns None when it ran to the end (its executed copy is then deleted), else its error and where that copy is.
     """
     if not embedded_stack_installed():
         raise NoEmbeddedStack(f"Notebook {number} has to run first, and this installation has no notebook runner "
@@ -66,4 +66,7 @@ def run_notebook_first(number: str, parameters: dict) -> tuple[bool, str, Path]:
     (notebook,) = runner.notebook_paths(pattern=f"{number}_*.ipynb")
     output = Path(tempfile.mkdtemp(prefix=f"catch-up-{number}-")) / notebook.name
     result = runner.execute(notebook, output, parameters)
-    return result.status == "ok", result.message, output
+    if result.status != "ok":
+        return f"{result.message}; its output is {output}"
+    shutil.rmtree(output.parent, ignore_errors=True)
+    return None

@@ -1,7 +1,10 @@
 """Notebooks 06 and 07 executed by papermill with smoke parameters (apart from 01-05: the longest runs)."""
 
 import ast
+import contextlib
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +20,7 @@ pytestmark = pytest.mark.notebook
 def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakefs_kind, client, settings):
     import lakefs
 
-    from helpers import experiments, versioning
+    from helpers import lakefs_experiments, versioning
     from helpers.config import load_settings
 
     repo_name, suffix = f"t-nb-{bucket[2:10]}", bucket[2:12]
@@ -35,10 +38,10 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         for branch, commit_id in facts["experiment commits"].items():  # what the notebook says is in lakeFS
             commit = repo.ref(commit_id).get_commit()
             assert commit.metadata["experiment"] == branch and repo.branch(branch).get_commit().id == commit_id
-            assert experiments.decode_metadata(commit.metadata, "metric") == experiments.read_json(
-                repo, commit_id, experiments.METRICS_PATH)
+            assert lakefs_experiments.decode_metadata(commit.metadata, "metric") == lakefs_experiments.read_json(
+                repo, commit_id, lakefs_experiments.METRICS_PATH)
         winner = facts["experiment commits"][facts["winner"]]
-        committed = experiments.read_json(repo, winner, experiments.METRICS_PATH)["val_accuracy"]
+        committed = lakefs_experiments.read_json(repo, winner, lakefs_experiments.METRICS_PATH)["val_accuracy"]
         assert facts["winner val_accuracy"] == round(committed, 4)
         assert facts["recomputed val_accuracy"] == facts["winner val_accuracy"]
         assert facts["winner against the runner-up"] in ("a tie", "better beyond noise")
@@ -49,7 +52,7 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         winner_model = mlflow.pyfunc.load_model(repo.ref(winner).get_commit().metadata["mlflow_model_uri"])
         assert facts["winner test_accuracy (measured once)"] == round(float(
             (winner_model.predict(x_test).argmax(axis=1) == y_test).mean()), 4)
-        assert facts["files changed by the winner"] == sorted(experiments.EXPERIMENT_FILES)
+        assert facts["files changed by the winner"] == sorted(lakefs_experiments.EXPERIMENT_FILES)
         assert facts["tag"] == "model-v1" and repo.tag("model-v1").get_commit().id == facts["merge commit"]
         assert facts["reproduced"] is True
         # the champion: a registered model version with its lakeFS lineage, loadable by alias anywhere
@@ -92,6 +95,7 @@ def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket,
                 training_experiment=f"t-07-train-{suffix}", experiment=f"t-07-{suffix}")
     # 04 ran first, headless; its model, the best of the day, became the champion by notebook 06's rule
     assert facts["model source"] == f"t-none-{suffix} version 1 (@champion, registered by notebook 07)"
+    assert not catch_up_copies(suffix), "04's executed copy is removed once it ran to the end"
     # the predictions are in the bucket under the run's prefix, and the MLflow run names that prefix
     run_tags = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow run id"]).data.tags
     assert run_tags["predictions"] == facts["predictions"] and run_tags["model_uri"] == facts["model"]
@@ -139,3 +143,14 @@ def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bu
     assert any(o["output_type"] == "error" for o in code[0]["outputs"]), "it stops at its first cell"
     message = json.dumps(errors[0])
     assert "docker compose up" in message and "Traceback" not in message and len(message) < 1500
+
+
+def catch_up_copies(suffix: str) -> list[Path]:
+    """The executed copies of notebook 04 that a catch-up run for this test left in the temporary folder."""
+    found = []
+    for copy in Path(tempfile.gettempdir()).glob("catch-up-04-*/*.ipynb"):
+        with contextlib.suppress(OSError, ValueError):
+            parameters = json.loads(copy.read_text())["metadata"]["papermill"]["parameters"]
+            if any(suffix in str(value) for value in parameters.values()):
+                found.append(copy)
+    return found
