@@ -26,11 +26,11 @@ run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing 
 TEST_PROCESSES ?= 2
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
 test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack), and nbval over the committed notebooks
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder $(NBVAL) tests notebooks
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --timings-json runs/test-timings.json $(NBVAL) tests notebooks
 
 QUICK ?= not notebook and not slow
 test-quick: $(STAMP)  ## the inner loop (2 min): no notebook run end to end, no slow test; QUICK="not notebook" adds the slow ones (11 min)
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder -m "$(QUICK)" tests
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --timings-json runs/test-timings.json -m "$(QUICK)" tests
 
 LAB_ARGS ?=
 lab: $(STAMP)  ## JupyterLab on the notebooks, the stack, its Ray with the dashboard; prints every URL (LAB_ARGS="--jupyter-port 8890")

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.suite_timings"]  # --timings-json: where the run's time went (make test)
+
 # A kernel runs every cell with Python's own Ctrl-C handler: ipykernel ignores SIGINT between requests and
 # installs `signal.default_int_handler` while it handles one, whatever its process inherited. A test process
 # inherits whatever started it, and a background job of a non-interactive shell (`make test &`, nohup, a CI
@@ -243,13 +245,13 @@ def lakefs_images(repo, ref: str, split: str = "validation"):
     """The ``"validation"`` or ``"test"`` images at a lakeFS ref and their labels, read without Ray.
 
     Listed in lakeFS, fetched from the bucket: an independent check of what notebook 06 and
-    ``helpers.experiments`` compute through Ray Data.
+    ``helpers.lakefs_experiments`` compute through Ray Data.
     """
     import numpy as np
 
-    from helpers import experiments, listing, preprocess, storage
+    from helpers import lakefs_experiments, listing, preprocess, storage
 
-    bucket, key_of = experiments.commit_pointers(repo, ref, ("test/",) if split == "test" else ("train/",))
+    bucket, key_of = lakefs_experiments.commit_pointers(repo, ref, ("test/",) if split == "test" else ("train/",))
     x_train, y_train, x_test, y_test = listing.split_train_test(sorted(key_of))
     paths, labels = (x_test, y_test) if split == "test" else listing.split_validation(x_train, y_train)[1]
     client = storage.get_client()

@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 _SHARED: list = []  # this process's open machine.lock while a test runs
+WAITED = {"seconds": 0.0}  # how long this process waited for the machine (tests/suite_timings.py reports it)
+
+
+@contextlib.contextmanager
+def _counted() -> Iterator[None]:
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        WAITED["seconds"] += time.monotonic() - started
 
 
 def run_folder(config) -> Path | None:
@@ -41,9 +52,11 @@ def sharing(folder: Path | None) -> Iterator[None]:
     if folder is None:
         yield
         return
-    with _locked(folder / "gate.lock", fcntl.LOCK_EX):  # waits while a test waits for the whole machine
-        pass
-    with _locked(folder / "machine.lock", fcntl.LOCK_SH) as handle:
+    with _counted():
+        with _locked(folder / "gate.lock", fcntl.LOCK_EX):  # waits while a test waits for the whole machine
+            pass
+        held = _locked(folder / "machine.lock", fcntl.LOCK_SH)
+    with held as handle:
         _SHARED.append(handle)
         try:
             yield
@@ -63,7 +76,7 @@ def whole_machine(folder: Path | None) -> Iterator[None]:
         return
     handle = _SHARED[-1] if _SHARED else (folder / "machine.lock").open("a")
     fcntl.flock(handle, fcntl.LOCK_UN)
-    with _locked(folder / "gate.lock", fcntl.LOCK_EX):
+    with _counted(), _locked(folder / "gate.lock", fcntl.LOCK_EX):
         fcntl.flock(handle, fcntl.LOCK_EX)
     try:
         yield

@@ -11,11 +11,13 @@ import sys, time
 from pathlib import Path
 from tests import machine_share
 folder = Path(sys.argv[1])
+print("asking", time.time(), flush=True)
 with machine_share.sharing(folder):  # as conftest holds it for every test
     with getattr(machine_share, sys.argv[2])(folder):
         print("in", time.time(), flush=True)
         time.sleep(float(sys.argv[3]))
         print("out", time.time(), flush=True)
+print("waited", machine_share.WAITED["seconds"], flush=True)
 '''
 
 
@@ -31,17 +33,22 @@ def times(process: subprocess.Popen) -> dict[str, float]:
 
 def test_a_test_that_needs_the_whole_machine_waits_for_the_other_s_test_and_goes_before_its_next(tmp_path):
     running = hold(tmp_path, "sharing", 2.0)
-    assert running.stdout.readline().startswith("in")
+    assert running.stdout.readline().startswith("asking") and running.stdout.readline().startswith("in")
     whole = hold(tmp_path, "whole_machine", 1.0)
     time.sleep(0.5)  # the whole-machine test now waits at the gate ...
     next_test = hold(tmp_path, "sharing", 0.0)  # ... and the other process's next test must not overtake it
     first = {"out": float(running.stdout.readline().split()[1])}
+    running.communicate(timeout=30)
     alone, after = times(whole), times(next_test)
     assert alone["in"] >= first["out"]
     assert after["in"] >= alone["out"]
+    # each wait is counted, for the run's report of where its time went (tests/suite_timings.py)
+    for held in (alone, after):
+        assert held["in"] - held["asking"] > 0.3 and abs(held["waited"] - (held["in"] - held["asking"])) < 0.25
 
 
 def test_tests_share_the_machine_side_by_side(tmp_path):
     one, two = hold(tmp_path, "sharing", 1.5), hold(tmp_path, "sharing", 1.5)
     a, b = times(one), times(two)
     assert a["in"] < b["out"] and b["in"] < a["out"]
+    assert a["waited"] < 0.5 and b["waited"] < 0.5

@@ -1,0 +1,46 @@
+"""`make test` says where its time went: every test module's seconds, by test process, in runs/test-timings.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from helpers.config import project_root
+from tests.suite_timings import NBVAL_UNIT, unit_of
+
+PROBES = {
+    "test_slow_probe.py": "import time\n\n\ndef test_slow():\n    time.sleep(1.5)\n",
+    "test_quick_probe.py": "def test_one():\n    pass\n\n\ndef test_two():\n    pass\n",
+}
+
+
+def test_a_run_writes_each_module_s_seconds_by_test_process_and_prints_the_longest(tmp_path):
+    for name, code in PROBES.items():
+        (tmp_path / name).write_text(code)
+    timings = tmp_path / "runs" / "test-timings.json"
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-n", "2",
+                          "--dist", "loadfile", "--timings-json", str(timings), "--rootdir", str(tmp_path),
+                          "-c", os.devnull, *(str(tmp_path / name) for name in PROBES)],
+                         cwd=project_root(), capture_output=True, text=True, timeout=180)
+    assert ran.returncode == 0 and "3 passed" in ran.stdout, ran.stdout + ran.stderr
+    written = json.loads(timings.read_text())
+    units = {row["unit"].rsplit("/", 1)[-1]: row for row in written["units"]}
+    assert set(units) == set(PROBES)
+    assert units["test_slow_probe.py"]["tests"] == 1 and units["test_slow_probe.py"]["seconds"] >= 1.5
+    assert units["test_quick_probe.py"]["tests"] == 2 and units["test_quick_probe.py"]["seconds"] < 1.5
+    assert written["units"][0]["unit"].endswith("test_slow_probe.py"), "the longest first"
+    processes = {row["process"] for row in written["units"]}
+    assert processes <= set(written["processes"]) and processes <= {"gw0", "gw1"}
+    for process, row in written["processes"].items():
+        assert row["waited_for_machine_s"] >= 0
+        assert row["busy_s"] == round(sum(u["seconds"] for u in written["units"] if u["process"] == process), 1)
+    assert written["wall_s"] >= 1.5
+    assert "where the time went" in ran.stdout and "test_slow_probe.py (1 test)" in ran.stdout
+
+
+def test_nbval_s_notebooks_and_its_second_run_are_one_unit_as_they_are_scheduled():
+    assert unit_of("notebooks/04_distributed_training.ipynb::Cell 3") == NBVAL_UNIT
+    assert unit_of("tests/test_nbval_again.py::test_nbval_passes_again_on_the_same_stack") == NBVAL_UNIT
+    assert unit_of("tests/test_train.py::test_fit[1]") == "tests/test_train.py"
