@@ -66,14 +66,14 @@ def without_lakefs_07(bucket: str, suffix: str, out: Path) -> dict:
     learner's earlier smoke run leaves it); notebook 04's full-size model is the day's. Notebook 07 must move
     ``@champion`` to the better one by notebook 06's rule and say which notebook registered what it serves.
     """
-    from helpers import candidates, serving_support, tracking
+    from helpers import champion_candidates, serving_support, tracking
     from helpers.config import load_settings
 
     smoke_experiment, name = f"full-smoke-{suffix}", f"full-no-lakefs-{suffix}"
     (notebook,) = notebook_paths(pattern="04_*.ipynb")
     execute(notebook, out / "04-smoke.ipynb", {"bucket": bucket, "experiment": smoke_experiment}, cell_timeout=3600)
     client = tracking.connect(load_settings().mlflow_tracking_uri)
-    smoke = candidates.latest_training_model(client, smoke_experiment)
+    smoke = champion_candidates.latest_training_model(client, smoke_experiment)
     serving_support.register_as(client, name, smoke, "champion", tags={"registered_by": "a smoke run of notebook 04"})
     row = run_notebook("07", {"bucket": bucket, "registered_model": name, "training_experiment": f"full-train-{suffix}",
                               "sweep_experiment": f"full-none-{suffix}", "experiment": f"full-inference-{suffix}"}, out)

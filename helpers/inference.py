@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from helpers.candidates import ModelChoice, accuracies, day_models
+from helpers.champion_candidates import ModelChoice, accuracies, day_models
 from helpers.config import check_count, load_settings
 from helpers.inference_support import train_first
 from helpers.listing import get_train_test_data, split_validation

@@ -56,7 +56,7 @@ def _state() -> Path:
 
 def api_key() -> str:
     """The endpoint's key: ``SERVE_API_KEY``, else this stack's own (generated once, kept 0600 in its state)."""
-    from helpers.files import write_private
+    from helpers.private_files import write_private
 
     if os.environ.get(KEY_ENV):
         return os.environ[KEY_ENV]
@@ -69,7 +69,7 @@ def api_key() -> str:
 
 def curl_header_file() -> Path:
     """A 0600 file holding the ``Authorization`` header, for ``curl -H @<file>`` (no key on a command line)."""
-    from helpers.files import write_private
+    from helpers.private_files import write_private
 
     path = _state() / CURL_HEADER_FILE
     wanted = f"Authorization: Bearer {api_key()}\n"
@@ -171,7 +171,7 @@ def curl_folder(body: dict[str, Any]) -> Path:
     ``curl -H @serve-auth-header --data @request.json`` run there sends the request without the key ever
     appearing on a command line.
     """
-    from helpers.files import write_private
+    from helpers.private_files import write_private
 
     curl_header_file()
     write_private(_state() / REQUEST_FILE, json.dumps(body))
@@ -246,13 +246,13 @@ def register_as(mlflow_client, name: str, choice, alias: str | None = None, tags
 
 def another_version(mlflow_client, name: str, champion_version: str, training_experiment: str):
     """A version of ``name`` other than the champion to roll to: the newest one, else 04's latest model registered."""
-    from helpers import candidates
+    from helpers.champion_candidates import latest_training_model
 
     others = [v for v in mlflow_client.search_model_versions(f"name = '{name}'")
               if v.version != champion_version]
     if others:
         return max(others, key=lambda v: int(v.version))
-    return register_as(mlflow_client, name, candidates.latest_training_model(mlflow_client, training_experiment))
+    return register_as(mlflow_client, name, latest_training_model(mlflow_client, training_experiment))
 
 
 @contextlib.contextmanager

@@ -98,6 +98,6 @@ def private_ray_tmpdir() -> None:
     learner's training run failed with PermissionError on a lock file), and its session folders are
     writable by everyone. ``RAY_TMPDIR`` (Ray's own variable) moves both; one already set is kept.
     """
-    from helpers.files import private_temp_folder
+    from helpers.private_files import private_temp_folder
 
     os.environ.setdefault("RAY_TMPDIR", str(private_temp_folder("ray")))

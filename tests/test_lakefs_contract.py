@@ -27,7 +27,7 @@ import pytest
 from pydantic.v1 import BaseModel
 
 from conftest import uploaded_bucket
-from helpers import experiments as exp
+from helpers import lakefs_experiments as exp
 from helpers import versioning
 from tests.lakefs_double import API, ROUTES, LakeFSServer
 

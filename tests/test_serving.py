@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import requests
 
-from helpers import candidates, cluster, listing, serving_support, storage, upload
+from helpers import champion_candidates, cluster, listing, serving_support, storage, upload
 from workshop import runner
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
@@ -121,7 +121,7 @@ def test_without_lakefs_the_champion_rule_crowns_the_best_of_the_day_and_a_tie_k
     import mlflow
 
     from helpers import training
-    from helpers.candidates import ModelChoice
+    from helpers.champion_candidates import ModelChoice
     from helpers.inference import champion_model, hold_champion_rule, validation_images
 
     name, none = f"t-rule-{uuid.uuid4().hex[:8]}", f"t-rule-none-{uuid.uuid4().hex[:8]}"
@@ -136,8 +136,8 @@ def test_without_lakefs_the_champion_rule_crowns_the_best_of_the_day_and_a_tie_k
     assert said.startswith("@champion is now version 2, registered by notebook 07: the best of the day"), said
     champion = champion_model(served.mlflow, name)
     assert champion.source == f"{name} version 2 (@champion, registered by notebook 07)"
-    day = candidates.day_models(served.mlflow, served.training_experiment, none)
-    scores = candidates.accuracies({**day, "champion": champion}, images, labels)
+    day = champion_candidates.day_models(served.mlflow, served.training_experiment, none)
+    scores = champion_candidates.accuracies({**day, "champion": champion}, images, labels)
     assert scores["champion"] >= scores["notebook 04"]  # at least as accurate on validation as 04's model
     again = hold_champion_rule(served.mlflow, name, served.bucket, SMOKE, "notebook 08", served.training_experiment,
                                none)

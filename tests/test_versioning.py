@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import lakefs_images, uploaded_bucket
-from helpers import experiments as exp
+from helpers import lakefs_experiments as exp
 from helpers import listing, storage, tracking, training, upload, versioning
 from helpers.config import ParameterError, load_settings
 

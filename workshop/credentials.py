@@ -12,7 +12,7 @@ import secrets
 import string
 from pathlib import Path
 
-from helpers.files import write_private
+from helpers.private_files import write_private
 from workshop.state_files import RESET_HINT, StackError, read_state_json, state_paths
 
 

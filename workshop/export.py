@@ -33,7 +33,7 @@ EXPORTS = {
     "03_ray_data_preprocessing.ipynb": "preprocess",
     "04_distributed_training.ipynb": "training",
     "05_tune_sweeps.ipynb": "sweeps",
-    "06_lakefs_parallel_experiments.ipynb": "experiments",
+    "06_lakefs_parallel_experiments.ipynb": "lakefs_experiments",
     "07_batch_inference.ipynb": "inference",
     "08_serve_the_champion.ipynb": "serving",
 }

@@ -38,7 +38,7 @@ from helpers import stack_ray
 from helpers.cluster import check_cluster
 from helpers.config import ConfigError, load_settings, project_root, state_dir
 from helpers.errors import TutorialError
-from helpers.files import write_private
+from helpers.private_files import write_private
 from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import processes, stack, state_files
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from helpers.files import write_private
+from helpers.private_files import write_private
 
 
 def our_process(record: dict) -> psutil.Process | None:

@@ -55,7 +55,7 @@ def _new_token(state: Path) -> None:
     """
     from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
 
-    from helpers.files import write_private
+    from helpers.private_files import write_private
 
     write_private(token_file(state), generate_new_authentication_token())
     use_token_auth(token_file(state))
@@ -143,7 +143,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
 
     from helpers import timings, worker_env
     from helpers.config import load_settings
-    from helpers.files import write_private
+    from helpers.private_files import write_private
 
     os.environ.pop("RAY_ADDRESS", None)  # not for this Ray's workers: a cluster left in the environment of `up`
     for name, value in worker_env.LOCAL_RAY_DEFAULTS.items():

@@ -27,7 +27,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from helpers.files import private_folder, private_temp_folder, write_private
+from helpers.private_files import private_folder, private_temp_folder, write_private
 
 GRPC_SERVICES = ("master", "volume", "filer", "s3", "admin")  # the gRPC sockets weed mini opens in /tmp
 TLS_ROLES = ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq", "client")

@@ -52,8 +52,8 @@ import psutil
 from helpers import stack_ray
 from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.config import services_line as configured_services_line
-from helpers.files import private_folder, write_private
 from helpers.ports import free_port_candidates, port_is_free
+from helpers.private_files import private_folder, write_private
 from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import lakefs_binary, ray_service, seaweedfs_security
 from workshop.credentials import (

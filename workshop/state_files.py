@@ -15,7 +15,7 @@ from pathlib import Path
 
 from helpers.config import STATE_FILE_NAME
 from helpers.errors import TutorialError
-from helpers.files import private_folder
+from helpers.private_files import private_folder
 
 
 class StackError(TutorialError, RuntimeError):

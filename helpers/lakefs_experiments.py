@@ -19,7 +19,7 @@ import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from helpers import candidates, tracking
+from helpers import champion_candidates, tracking
 from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, load_settings
 from helpers.dataset_cache import read_once
@@ -174,7 +174,7 @@ DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}  # each optimizer's peak learning rate
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 33 (id b2a8dbc9).
 def starting_point(mlflow_client, sweep_experiment: str) -> tuple[dict[str, Any], str]:
     """Notebook 04's parameters with notebook 05's best values where a sweep ran, and where they come from."""
-    best = candidates.best_sweep_params(mlflow_client, sweep_experiment)
+    best = champion_candidates.best_sweep_params(mlflow_client, sweep_experiment)
     if best is None:
         return dict(DEFAULT_PARAMS), f"notebook 04's defaults (no finished sweep in {sweep_experiment!r})"
     values, sweep = best
