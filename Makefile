@@ -24,7 +24,7 @@ run: $(STAMP)  ## start the embedded stack (fetching lakeFS where it is missing 
 	$(PY) -m workshop.runner
 
 TEST_PROCESSES ?= 2
-NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/suite/nbval_sanitize.cfg
 test: $(STAMP)  ## unit + notebook tests against real local services (each test process starts its own private stack), and nbval over the committed notebooks
 	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --timings-json runs/test-timings.json $(NBVAL) tests notebooks
 
@@ -89,7 +89,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_scale.py --cleanup
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check helpers workshop tests benchmarks conftest.py
+	$(VENV)/bin/ruff check helpers workshop tests benchmarks
 
 compose-check:  ## needs a Docker engine
 	docker compose config --quiet

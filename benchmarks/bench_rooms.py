@@ -1,7 +1,7 @@
 """How many learners fit on one machine: N learners' rooms, idle and then each running notebook 04.
 
 Each room is a throwaway Unix user with a checkout of this project who runs ``make lab`` with no flags
-(``tests/rooms.py``, as the shared-server test does): SeaweedFS, MLflow, Ray with its dashboard, and
+(``tests/platform/rooms.py``, as the shared-server test does): SeaweedFS, MLflow, Ray with its dashboard, and
 JupyterLab, each room its own. For each N of ``--rooms`` (default 1 2 3) the N labs start at once; then:
 
 1. **idle**: for ``--idle`` seconds nothing runs, and every process of each room's user is sampled every
@@ -41,7 +41,7 @@ import psutil
 from common import print_table, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.rooms import Room, make_room, start_lab, stop_room  # noqa: E402 - the project's root first
+from tests.platform.rooms import Room, make_room, start_lab, stop_room  # noqa: E402 - the project's root first
 
 # The service a room's process belongs to: the first whose word its command line holds.
 SERVICES = (("object store", ("weed",)), ("MLflow", ("mlflow",)),

@@ -576,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray", choices=("stack", "lab"), default="stack",
                         help="the stack's Ray (`make run`), or make lab's: the same Ray with its dashboard on")
     parser.add_argument("--lakefs-double", action="store_true",
-                        help="where no lakeFS answers, run notebook 06 against the API double (tests/lakefs_double.py)")
+                        help="where no lakeFS answers, run notebook 06 against the API double "
+                             "(tests/fakes/lakefs_double.py)")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")

@@ -65,7 +65,7 @@ def lakefs_answers(settings) -> bool:
 def lakefs_or_double(settings):
     """Yield what notebook 06 runs against: the configured lakeFS, else the tests' API double, started here.
 
-    The double (tests/lakefs_double.py, contract-tested against lakeFS's API) forgets its repositories
+    The double (tests/fakes/lakefs_double.py, contract-tested against lakeFS's API) forgets its repositories
     when it stops while the bucket keeps their namespaces: give each run a new repository name.
     """
     if lakefs_answers(settings):
@@ -74,13 +74,13 @@ def lakefs_or_double(settings):
     from helpers.config import project_root
 
     sys.path.insert(0, str(project_root()))
-    from tests.lakefs_double import LakeFSServer
+    from tests.fakes.lakefs_double import LakeFSServer
 
     with LakeFSServer(settings) as server:
         saved = {key: os.environ.get(key) for key in server.env()}
         os.environ.update(server.env())
         try:
-            yield "the API double of the tests (tests/lakefs_double.py), not a lakeFS server"
+            yield "the API double of the tests (tests/fakes/lakefs_double.py), not a lakeFS server"
         finally:
             for key, value in saved.items():
                 if value is None:

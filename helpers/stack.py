@@ -3,7 +3,7 @@
 The embedded stack, which starts the services no setting names, and the papermill runner live in the
 :mod:`workshop` package beside ``helpers``. This module is the only place ``helpers`` reaches them, and
 only while one of its functions runs: importing a lesson imports none of the platform
-(tests/test_lessons.py). Where ``helpers`` is copied alone (docker compose's Jupyter image, a cluster's
+(tests/lessons/test_lessons.py). Where ``helpers`` is copied alone (docker compose's Jupyter image, a cluster's
 image), the services are configured, and :func:`ensure_stack` reads the settings only.
 """
 

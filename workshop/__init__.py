@@ -9,5 +9,5 @@ sign-in); ``runner`` (``make run``, ``make catch-up``), ``solutions`` (the exerc
 ``notebook_job`` (``make submit``: a notebook as a Ray Job).
 
 It may import ``helpers``; ``helpers`` reaches it only through :mod:`helpers.stack`, while a notebook
-runs (tests/test_lessons.py checks both). Code taken to a real cluster needs ``helpers`` only.
+runs (tests/lessons/test_lessons.py checks both). Code taken to a real cluster needs ``helpers`` only.
 """

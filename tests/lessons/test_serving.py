@@ -28,7 +28,7 @@ def served(client, settings, tmp_path_factory):
     from ray import serve
 
     from helpers.serving import DigitClassifier, model_lineage, resolve_alias
-    from tests.notebook_runs import summary
+    from tests.suite.notebook_runs import summary
 
     suffix = uuid.uuid4().hex[:8]
     bucket, name = f"t-serve-{suffix}", f"t-serve-{suffix}"
@@ -287,7 +287,7 @@ def test_the_endpoint_s_key_goes_only_to_a_port_serve_s_proxy_holds(served):
     """Between choosing Serve's port and its proxy binding it, any user may bind the port: notebook 08 checks, before
     its first request, that the port is this Ray's own, and stops in one line where it is not. Nothing is sent."""
     from helpers.serving_support import ServePortTaken
-    from tests.room_intruder import waiting_at_a_door
+    from tests.platform.room_intruder import waiting_at_a_door
 
     serving_support.check_serve_port(int(served.url.rsplit(":", 1)[1].split("/")[0]))  # Serve's own: nothing said
     with waiting_at_a_door() as (port, heard), pytest.raises(ServePortTaken, match=f"Port {port} is held by another"):

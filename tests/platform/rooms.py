@@ -1,5 +1,5 @@
 """Throwaway learners on one machine: each a Unix user with a checkout of this project and a ``make lab`` of their
-own (``tests/test_shared_server.py``, ``benchmarks/bench_rooms.py``). Needs root."""
+own (``tests/platform/test_shared_server.py``, ``benchmarks/bench_rooms.py``). Needs root."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Test session set-up: one real object store + MLflow for the whole run, and nbval over the notebooks.
+"""The test session: one real object store + MLflow per test process, nbval over the notebooks, the order of work.
+
+A pytest plugin (``tests/conftest.py`` loads it; ``tests/lessons/test_nbval_again.py`` passes it with ``-p`` to
+the nbval run it starts), so its hooks hold for the notebooks nbval collects as for the tests.
 
 Where ``S3_ENDPOINT`` is set, the tests use the services it points at.
 Otherwise a private embedded stack is started on free ports in a temporary
@@ -9,19 +12,18 @@ first notebook nbval runs.
 
 nbval (``--nbval-lax``, in ``make test``) runs every notebook top to bottom at
 its defaults and compares the cells tagged ``nbval-check-output`` with their
-committed outputs (``tests/nbval_sanitize.cfg`` says what may differ). The
+committed outputs (``tests/suite/nbval_sanitize.cfg`` says what may differ). The
 notebooks run in one test process, first, in order 01-08, on that process's
 fresh stack: the run ``make notebooks`` made the committed outputs from.
 
 lakeFS: where ``LAKEFS_ENDPOINT`` is set, the lakeFS tests run against that
-server. Otherwise the lakeFS API test double (``tests/lakefs_double.py``)
+server. Otherwise the lakeFS API test double (``tests/fakes/lakefs_double.py``)
 is started on a free port and its endpoint and keys are exported the same
 way.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -29,8 +31,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-pytest_plugins = ["tests.suite_timings"]  # --timings-json: where the run's time went (make test)
 
 # A kernel runs every cell with Python's own Ctrl-C handler: ipykernel ignores SIGINT between requests and
 # installs `signal.default_int_handler` while it handles one, whatever its process inherited. A test process
@@ -42,7 +42,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 _SESSION_SIGINT = signal.default_int_handler
 
 _SESSION: dict[str, object] = {}
-REUSE_STACK_ENV = "TUTORIAL_TEST_REUSE_STACK"  # tests/test_nbval_again.py: nbval again on the first run's stack
+REUSE_STACK_ENV = "TUTORIAL_TEST_REUSE_STACK"  # tests/lessons/test_nbval_again.py: nbval again on the first run's stack
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
 # The same floating-point results on any x86 machine with AVX2, for the seeded accuracies nbval compares; set
 # before the stack's Ray starts, whose workers inherit them.
@@ -86,7 +86,7 @@ def session_lakefs() -> str:
         return _SESSION["lakefs"]  # type: ignore[return-value]
     session_stack()
     from helpers.config import load_settings
-    from tests.lakefs_double import LakeFSServer
+    from tests.fakes.lakefs_double import LakeFSServer
 
     if load_settings().lakefs_endpoint:  # LAKEFS_ENDPOINT, or a lakefs binary the stack found and started
         _SESSION["lakefs"] = "real"
@@ -108,7 +108,7 @@ LONGEST_MODULES = ("test_browser", "test_shared_server", "test_serving", "test_n
                    "test_versioning", "test_lab")
 
 
-NBVAL_AGAIN = "tests/test_nbval_again.py"  # nbval a second time on the stack of the first: right after it
+NBVAL_AGAIN = "tests/lessons/test_nbval_again.py"  # nbval a second time on the stack of the first: right after it
 
 
 def _is_notebook(item: pytest.Item) -> bool:
@@ -149,8 +149,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
-    """Every test, nbval's cells too, holds the machine shared (``tests/machine_share.py``)."""
-    from tests.machine_share import run_folder, sharing
+    """Every test, nbval's cells too, holds the machine shared (``tests/suite/machine_share.py``)."""
+    from tests.suite.machine_share import run_folder, sharing
 
     with sharing(run_folder(item.config)):
         return (yield)
@@ -176,60 +176,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
-# --- fixtures -------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def settings():
-    """Settings pointing at the session's object store and MLflow."""
-    from helpers.config import load_settings
-
-    session_stack()
-    return load_settings()
-
-
-@pytest.fixture(scope="session")
-def lakefs_kind() -> str:
-    """Which lakeFS the session uses: "real" (LAKEFS_ENDPOINT was set) or "double" (the test double)."""
-    return session_lakefs()
-
-
-@pytest.fixture(scope="session")
-def client(settings):
-    """A MinIO SDK client for the session's object store."""
-    from helpers import storage
-
-    return storage.get_client(settings)
-
-
-@pytest.fixture
-def bucket(client):
-    """A fresh, unique bucket name; the bucket is deleted after the test, pass or fail."""
-    import uuid
-
-    from helpers import storage
-
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    yield name
-    storage.delete_bucket(client, name)
-
-
-@contextlib.contextmanager
-def uploaded_bucket(client, prefix: str, smoke_test_size: int):
-    """A unique bucket holding ``smoke_test_size`` MNIST images, deleted afterwards; Ray stopped too."""
-    import uuid
-
-    from helpers import cluster, storage, upload
-
-    name = f"t-{prefix}-{uuid.uuid4().hex[:8]}"
-    upload.upload_mnist(name, smoke_test_size, client=client, progress=False)
-    try:
-        yield name
-    finally:
-        storage.delete_bucket(client, name)
-        cluster.shutdown_ray()
-
-
 def assert_ctrl_c_interrupts() -> None:
     """Ctrl-C (a kernel's interrupt button) raises KeyboardInterrupt in this process, whatever ran before."""
     import _thread
@@ -239,24 +185,6 @@ def assert_ctrl_c_interrupts() -> None:
         _thread.interrupt_main()  # calls this process's SIGINT handler, as a real Ctrl-C does
         for _ in range(30):
             time.sleep(0.1)
-
-
-def lakefs_images(repo, ref: str, split: str = "validation"):
-    """The ``"validation"`` or ``"test"`` images at a lakeFS ref and their labels, read without Ray.
-
-    Listed in lakeFS, fetched from the bucket: an independent check of what notebook 06 and
-    ``helpers.lakefs_experiments`` compute through Ray Data.
-    """
-    import numpy as np
-
-    from helpers import lakefs_experiments, listing, preprocess, storage
-
-    bucket, key_of = lakefs_experiments.commit_pointers(repo, ref, ("test/",) if split == "test" else ("train/",))
-    x_train, y_train, x_test, y_test = listing.split_train_test(sorted(key_of))
-    paths, labels = (x_test, y_test) if split == "test" else listing.split_validation(x_train, y_train)[1]
-    client = storage.get_client()
-    images = preprocess.decode_images([storage.read_object(client, bucket, key_of[p]) for p in paths])
-    return images, np.asarray(labels)
 
 
 def _sigint_put_back(found, who: str) -> None:

@@ -2,7 +2,7 @@
 
 The first run (``make test``'s nbval, in this test process, just before) leaves models in the registry, a
 champion, lakeFS tags, predictions and training results in the bucket. The cells nbval checks print what
-the lesson controls, and ``tests/nbval_sanitize.cfg`` masks what depends on where the notebook runs; so the
+the lesson controls, and ``tests/suite/nbval_sanitize.cfg`` masks what depends on where the notebook runs; so the
 second run must match the committed outputs too.
 """
 
@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from conftest import REUSE_STACK_ENV, session_lakefs, session_stack
 from helpers.config import project_root
+from tests.suite.session import REUSE_STACK_ENV, session_lakefs, session_stack
 
 pytestmark = pytest.mark.notebook
 
@@ -31,7 +31,8 @@ def nbval_options() -> list[str]:
 def test_nbval_passes_again_on_the_same_stack():
     session_lakefs()  # and the stack: this process's, which the first run used
     env = {**os.environ, REUSE_STACK_ENV: str(session_stack())}
-    again = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *nbval_options(),
-                            "notebooks"], cwd=project_root(), env=env, capture_output=True, text=True, timeout=2300)
+    again = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.suite.session", "-p", "no:cacheprovider",
+                            *nbval_options(), "notebooks"],
+                           cwd=project_root(), env=env, capture_output=True, text=True, timeout=2300)
     assert again.returncode == 0, again.stdout[-6000:] + again.stderr[-2000:]
     assert re.search(r"\d+ passed", again.stdout), again.stdout[-2000:]

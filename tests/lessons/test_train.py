@@ -12,8 +12,9 @@ import pytest
 import ray.train
 from mlflow.tracking import MlflowClient
 
-from conftest import assert_ctrl_c_interrupts, uploaded_bucket
 from helpers import cluster, interrupts, listing, preprocess, storage, tracking, training, upload
+from tests.suite.mnist_buckets import uploaded_bucket
+from tests.suite.session import assert_ctrl_c_interrupts
 
 SMOKE = 300
 PARAMS = {**training.DEFAULT_PARAMS, "epochs": 5, "hidden_sizes": [64], "batch_size_per_worker": 32}

@@ -7,8 +7,9 @@ from types import SimpleNamespace
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import assert_ctrl_c_interrupts, uploaded_bucket
 from helpers import cluster, interrupts, listing, sweeps, tracking, training
+from tests.suite.mnist_buckets import uploaded_bucket
+from tests.suite.session import assert_ctrl_c_interrupts
 
 SMOKE = 300
 BAD = {"lr": 0.0003, "dropout": 0.3, "batch_size_per_worker": 64}  # learns slowly: ASHA stops it

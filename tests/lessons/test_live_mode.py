@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.notebook_runs import run_plain
+from tests.suite.notebook_runs import run_plain
 
 pytestmark = pytest.mark.notebook
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 _SHARED: list = []  # this process's open machine.lock while a test runs
-WAITED = {"seconds": 0.0}  # how long this process waited for the machine (tests/suite_timings.py reports it)
+WAITED = {"seconds": 0.0}  # how long this process waited for the machine (tests/suite/suite_timings.py reports it)
 
 
 @contextlib.contextmanager
@@ -48,7 +48,7 @@ def _locked(path: Path, mode: int):
 
 @contextlib.contextmanager
 def sharing(folder: Path | None) -> Iterator[None]:
-    """Hold the machine shared with the other test processes (every test does, through conftest)."""
+    """Hold the machine shared with the other test processes (every test does, through tests/suite/session.py)."""
     if folder is None:
         yield
         return

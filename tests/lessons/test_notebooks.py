@@ -7,7 +7,7 @@ import re
 import pytest
 
 from helpers import listing
-from tests.notebook_runs import assert_lineage, load_test_images, run, solution_output
+from tests.suite.notebook_runs import assert_lineage, load_test_images, run, solution_output
 from workshop import runner
 
 pytestmark = pytest.mark.notebook
@@ -222,7 +222,7 @@ def stray_bucket(client):
     """A smoke bucket with a README someone dropped into train/ next to the images."""
     import io
 
-    from conftest import uploaded_bucket
+    from tests.suite.mnist_buckets import uploaded_bucket
 
     with uploaded_bucket(client, "stray", 60) as name:
         client.put_object(name, "train/notes.txt", io.BytesIO(b"read me first"), 13)

@@ -38,7 +38,7 @@ from dotenv import dotenv_values
 from helpers.config import _SECRET_FIELDS, ENV_NAMES
 from helpers.worker_env import KEYS_FROM_CLUSTER_ENV
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kuberay"
 OVERLAYS = ("overlays/cpu", "overlays/gpu")
 KUSTOMIZATIONS = (*OVERLAYS, "services")
@@ -91,7 +91,7 @@ def render(folder: Path) -> list[dict]:
     """
     [kustomization] = load_documents(folder / "kustomization.yaml")
     unknown = set(kustomization) - KUSTOMIZATION_KEYS
-    assert not unknown, f"{folder}: tests/test_deploy.py's renderer does not know {sorted(unknown)}"
+    assert not unknown, f"{folder}: tests/deploy/test_deploy.py's renderer does not know {sorted(unknown)}"
     objects: list[dict] = []
     for entry in kustomization.get("resources", []):
         path = (folder / entry).resolve()

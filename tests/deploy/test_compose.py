@@ -11,7 +11,7 @@ from dotenv import dotenv_values
 
 from helpers.config import ENV_NAMES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KNOWN_ENV = {name for names in ENV_NAMES.values() for name in names}
 RAY_AUTH_ENV = {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN"}  # Ray's own: token authentication on every node and driver
 

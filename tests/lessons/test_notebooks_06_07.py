@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lakefs_images
 from helpers import listing
-from tests.notebook_runs import assert_lineage, load_test_images, run, solution_output
+from tests.suite.mnist_buckets import lakefs_images
+from tests.suite.notebook_runs import assert_lineage, load_test_images, run, solution_output
 from workshop import runner
 
 pytestmark = pytest.mark.notebook

@@ -1,4 +1,4 @@
-"""One learner trying every door of another learner's room (run as that learner by tests/test_shared_server.py).
+"""One learner trying every door of another learner's room (run as that learner by the shared-server test).
 
 Run with the learner's own checkout as the working folder, so their own keys, login and tokens are at
 hand; the other room's addresses (no secret among them) come as JSON on stdin. Prints one JSON object:

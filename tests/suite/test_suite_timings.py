@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from helpers.config import project_root
-from tests.suite_timings import NBVAL_UNIT, unit_of
+from tests.suite.suite_timings import NBVAL_UNIT, unit_of
 
 PROBES = {
     "test_slow_probe.py": "import time\n\n\ndef test_slow():\n    time.sleep(1.5)\n",
@@ -20,9 +20,10 @@ def test_a_run_writes_each_module_s_seconds_by_test_process_and_prints_the_longe
     for name, code in PROBES.items():
         (tmp_path / name).write_text(code)
     timings = tmp_path / "runs" / "test-timings.json"
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-n", "2",
-                          "--dist", "loadfile", "--timings-json", str(timings), "--rootdir", str(tmp_path),
-                          "-c", os.devnull, *(str(tmp_path / name) for name in PROBES)],
+    plugins = ["-p", "tests.suite.session", "-p", "tests.suite.suite_timings", "-p", "no:cacheprovider"]
+    ran = subprocess.run([sys.executable, "-m", "pytest", *plugins, "-n", "2", "--dist", "loadfile",
+                          "--timings-json", str(timings), "--rootdir", str(tmp_path), "-c", os.devnull,
+                          *(str(tmp_path / name) for name in PROBES)],
                          cwd=project_root(), capture_output=True, text=True, timeout=180)
     assert ran.returncode == 0 and "3 passed" in ran.stdout, ran.stdout + ran.stderr
     written = json.loads(timings.read_text())
@@ -42,5 +43,5 @@ def test_a_run_writes_each_module_s_seconds_by_test_process_and_prints_the_longe
 
 def test_nbval_s_notebooks_and_its_second_run_are_one_unit_as_they_are_scheduled():
     assert unit_of("notebooks/04_distributed_training.ipynb::Cell 3") == NBVAL_UNIT
-    assert unit_of("tests/test_nbval_again.py::test_nbval_passes_again_on_the_same_stack") == NBVAL_UNIT
-    assert unit_of("tests/test_train.py::test_fit[1]") == "tests/test_train.py"
+    assert unit_of("tests/lessons/test_nbval_again.py::test_nbval_passes_again_on_the_same_stack") == NBVAL_UNIT
+    assert unit_of("tests/lessons/test_train.py::test_fit[1]") == "tests/lessons/test_train.py"

@@ -503,7 +503,7 @@ assert cfg["security"] == {{"audit_check_url": "", "check_latest_version": False
 s3 = cfg["blockstore"]["s3"]
 assert cfg["blockstore"]["type"] == "s3" and s3["force_path_style"] is True
 from helpers.config import Settings
-from tests.lakefs_double import LakeFSServer
+from tests.fakes.lakefs_double import LakeFSServer
 settings = Settings(s3_endpoint=s3["endpoint"], s3_access_key=s3["credentials"]["access_key_id"],
                     s3_secret_key=s3["credentials"]["secret_access_key"])
 install = cfg["installation"]
@@ -552,7 +552,7 @@ def test_a_program_at_lakefs_s_port_after_lakefs_died_hears_nothing_and_lakefs_m
     """lakeFS died and another program bound its port: ``up`` sends it no key, not even a health request, starts
     lakeFS on a free port and says in one line which port it left; the notebooks' settings name the new one."""
     from helpers import versioning
-    from tests.room_intruder import waiting_at_a_door
+    from tests.platform.room_intruder import waiting_at_a_door
 
     fake = tmp_path / "bin" / "lakefs"
     fake.parent.mkdir()
@@ -580,7 +580,7 @@ def test_a_program_at_ray_s_port_after_its_gcs_died_hears_nothing_and_ray_moves_
     every other process of that Ray stops with it, so nothing calls the port (the token travels with every call),
     and ``up`` starts Ray on a free port with a token of its own, which the old one does not open."""
     from helpers import stack_ray
-    from tests.room_intruder import waiting_at_a_grpc_door
+    from tests.platform.room_intruder import waiting_at_a_grpc_door
 
     (state / "ports.json").write_text(json.dumps(private_ports()))  # chosen by the stack, not by the learner
     assert stack.up(state, with_mlflow=False, with_lakefs=False)[3].healthy

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from helpers import storage
-from tests.room_intruder import basic, http  # one learner's requests at another's doors, here at the stack's
-from tests.secrets_scan import on_command_lines, stack_secrets
+from tests.platform.room_intruder import basic, http  # one learner's requests at another's doors, here at the stack's
+from tests.suite.secrets_scan import on_command_lines, stack_secrets
 from workshop import processes, seaweedfs_security
 
 
@@ -245,7 +245,7 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     import subprocess
     import sys
 
-    from tests.room_intruder import waiting_at_a_door
+    from tests.platform.room_intruder import waiting_at_a_door
     from workshop import stack
 
     own = tmp_path / "state"  # the session stack's records, with the service's process one that never binds its port

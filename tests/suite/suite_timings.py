@@ -3,7 +3,7 @@
 ``make test`` passes ``--timings-json runs/test-timings.json``. Every test's set-up, call and tear-down
 seconds are added up by module (nbval's notebooks, and its second run on the same stack, count as one unit,
 as they are scheduled), with the test process that ran it. Each process also counts the seconds it waited
-for the machine (``tests/machine_share.py``): a test that needs the whole machine waits for the other
+for the machine (``tests/suite/machine_share.py``): a test that needs the whole machine waits for the other
 process's current test, and the other process then waits for it. The main process writes one file for the
 run and prints the longest modules after the test summary, so a change that makes the suite slower shows
 which module paid, and whether the two processes were kept busy.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import machine_share
+from tests.suite import machine_share
 
 OPTION = "--timings-json"
 NBVAL_UNIT = "notebooks (nbval, then nbval again)"

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import cluster, timings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_smoke  # noqa: E402
 
 
@@ -196,12 +196,12 @@ def test_every_start_counted_adds_each_trial_each_serve_start_and_each_model_act
 
 
 def test_model_actors_are_read_from_the_notebooks_parameters():
-    notebooks = sorted((Path(__file__).parents[1] / "notebooks").glob("0[78]_*.ipynb"))
+    notebooks = sorted((Path(__file__).parents[2] / "notebooks").glob("0[78]_*.ipynb"))
     assert bench_smoke.model_actors(notebooks) == {"07": 2, "08": 1}
 
 
 def test_the_empty_sweep_has_notebook_05_s_default_trials_and_concurrency():
-    nb = json.loads(next((Path(__file__).parents[1] / "notebooks").glob("05_*.ipynb")).read_text())
+    nb = json.loads(next((Path(__file__).parents[2] / "notebooks").glob("05_*.ipynb")).read_text())
     (cell,) = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
     defaults = {}
     exec("".join(cell["source"]), {}, defaults)  # the parameters cell assigns literals only

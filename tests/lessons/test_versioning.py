@@ -1,7 +1,7 @@
 """lakeFS experiments end to end: import, parallel experiment branches, comparison, merge, reproduce.
 
 Run against the lakeFS named by LAKEFS_ENDPOINT when one is configured,
-otherwise against the lakeFS API test double (tests/lakefs_double.py).
+otherwise against the lakeFS API test double (tests/fakes/lakefs_double.py).
 """
 
 import contextlib
@@ -17,10 +17,10 @@ import lakefs
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import lakefs_images, uploaded_bucket
 from helpers import lakefs_experiments as exp
 from helpers import listing, storage, tracking, training, upload, versioning
 from helpers.config import ParameterError, load_settings
+from tests.suite.mnist_buckets import lakefs_images, uploaded_bucket
 
 SMOKE = 240  # 240 training, 400 validation and 800 test images: 1,440 objects
 GRID = [{"optimizer": "sgd", "epochs": 1}, {"optimizer": "adam", "epochs": 2}]

@@ -26,10 +26,10 @@ import lakefs_sdk
 import pytest
 from pydantic.v1 import BaseModel
 
-from conftest import uploaded_bucket
 from helpers import lakefs_experiments as exp
 from helpers import versioning
-from tests.lakefs_double import API, ROUTES, LakeFSServer
+from tests.fakes.lakefs_double import API, ROUTES, LakeFSServer
+from tests.suite.mnist_buckets import uploaded_bucket
 
 # lakeFS's swagger.yml for the operations whose SDK map is empty (no response body on success)
 NO_BODY = {"204": None, "400": "Error", "401": "Error", "403": "Error", "404": "Error"}

@@ -1,7 +1,7 @@
 """``make lab`` from the terminal: its Ray's dashboard behind Ray's token and the lab's sign-in link, one clear
 line when JupyterLab cannot start, and the same clean-up for Ctrl-C, SIGTERM, SIGHUP and a parent that died.
 
-The browser test (tests/test_browser.py) runs notebooks in the lab; these tests run it without a browser.
+The browser test (tests/platform/test_browser.py) runs notebooks in the lab; these tests run it without a browser.
 """
 
 import os
@@ -207,7 +207,7 @@ def test_a_lab_kernel_talks_over_unix_sockets_only_its_learner_can_open_and_no_p
 def test_jupyterlab_s_token_goes_only_to_a_port_jupyterlab_itself_listens_on(tmp_path):
     """While JupyterLab starts, any program may hold its port. The lab waits for JupyterLab to answer: it must not
     send the token to whatever answers there first."""
-    from tests.room_intruder import waiting_at_a_door
+    from tests.platform.room_intruder import waiting_at_a_door
 
     starting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])  # a JupyterLab yet to bind
     try:

@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from helpers.config import load_settings, project_root
-from tests.machine_share import run_folder, whole_machine
-from tests.rooms import Room, make_room, start_lab, stop_room
-from tests.secrets_scan import on_command_lines, stack_secrets
+from tests.platform.rooms import Room, make_room, start_lab, stop_room
+from tests.suite.machine_share import run_folder, whole_machine
+from tests.suite.secrets_scan import on_command_lines, stack_secrets
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
 
@@ -193,7 +193,7 @@ def what_is_there(room: Room) -> dict:
 def test_every_door_of_another_learner_s_room_refuses_them_and_nothing_of_it_changes(rooms):
     before = {room.user: what_is_there(room) for room in rooms}
     assert all(len(there["objects"]["mnist"]) > 600 for there in before.values())
-    intruder = str(project_root() / "tests" / "room_intruder.py")
+    intruder = str(project_root() / "tests" / "platform" / "room_intruder.py")
     verdicts = {}
     for me in rooms:
         for them in rooms:

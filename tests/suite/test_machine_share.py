@@ -9,10 +9,10 @@ import time
 HOLD = '''
 import sys, time
 from pathlib import Path
-from tests import machine_share
+from tests.suite import machine_share
 folder = Path(sys.argv[1])
 print("asking", time.time(), flush=True)
-with machine_share.sharing(folder):  # as conftest holds it for every test
+with machine_share.sharing(folder):  # as tests/suite/session.py holds it for every test
     with getattr(machine_share, sys.argv[2])(folder):
         print("in", time.time(), flush=True)
         time.sleep(float(sys.argv[3]))
@@ -42,7 +42,7 @@ def test_a_test_that_needs_the_whole_machine_waits_for_the_other_s_test_and_goes
     alone, after = times(whole), times(next_test)
     assert alone["in"] >= first["out"]
     assert after["in"] >= alone["out"]
-    # each wait is counted, for the run's report of where its time went (tests/suite_timings.py)
+    # each wait is counted, for the run's report of where its time went (tests/suite/suite_timings.py)
     for held in (alone, after):
         assert held["in"] - held["asking"] > 0.3 and abs(held["waited"] - (held["in"] - held["asking"])) < 0.25
 

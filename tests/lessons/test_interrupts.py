@@ -13,24 +13,25 @@ import time
 import psutil
 import pytest
 
-from conftest import uploaded_bucket
 from helpers import cluster, interrupts, notebook, preprocess, training
+from tests.suite.mnist_buckets import uploaded_bucket
 
 SMOKE = 300
 
 
 def test_a_test_process_started_with_sigint_ignored_still_interrupts_as_a_kernel_does(tmp_path):
     """`make test &`, nohup or a CI runner start pytest with SIGINT ignored; ipykernel runs each cell with Python's
-    handler whatever it inherited, and so does every test process (conftest), or its interrupt tests cannot pass."""
+    handler whatever it inherited, and so does every test process (tests/suite/session.py), or its interrupt tests
+    cannot pass."""
     import subprocess
     import sys
 
     from helpers.config import project_root
 
     probe = tmp_path / "test_probe.py"
-    probe.write_text("from conftest import assert_ctrl_c_interrupts\n\n\n"
+    probe.write_text("from tests.suite.session import assert_ctrl_c_interrupts\n\n\n"
                      "def test_ctrl_c_interrupts():\n    assert_ctrl_c_interrupts()\n")
-    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider",
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.suite.session", "-p", "no:cacheprovider",
                           "-q", "--rootdir", str(tmp_path), "-c", os.devnull, str(probe)],
                          cwd=project_root(), capture_output=True, text=True, timeout=120,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # what `&` does
