@@ -21,7 +21,7 @@ from torch import nn
 
 from helpers import champion_candidates, tracking
 from helpers.cluster import init_ray
-from helpers.config import ParameterError, Settings, load_settings
+from helpers.config import ParameterError, Settings
 from helpers.dataset_cache import read_once
 from helpers.listing import split_train_test, split_validation
 from helpers.preprocess import dataset_to_numpy, pointers_to_datasets, shuffle_pointers
@@ -41,14 +41,13 @@ MODEL_LOGGING = threading.Lock()  # MLflow saves a model with torch.export, whic
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 8 (id 37e4b957).
-def ensure_repository(client, name: str, settings: Settings | None = None, bucket: str = LAKEFS_BUCKET):
+def ensure_repository(client, name: str, settings: Settings, bucket: str = LAKEFS_BUCKET):
     """The repository ``name`` (a ``lakefs.Repository``), created with its namespace bucket if missing.
 
     Raises:
         LakeFSError: lakeFS refused, or it keeps its data in another object store than ours.
     """
     check_repository_name(name)
-    settings = settings or load_settings()
     s3 = get_client(settings)
     ensure_bucket(s3, bucket)
     with lakefs_errors(f"creating repository {name!r}"):
@@ -93,7 +92,7 @@ def list_paths(repo, ref: str, prefix: str) -> list[str]:
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 17 (id e0648050).
 def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("train/", "test/"),
-                       branch: str = INGEST_BRANCH, force: bool = False, settings: Settings | None = None,
+                       branch: str = INGEST_BRANCH, force: bool = False, *, settings: Settings,
                        timeout: float = 1800.0) -> ImportResult:
     """Zero-copy import of ``s3://<bucket>/<prefix>`` for each prefix into ``branch`` (notebook 06).
 
@@ -101,7 +100,7 @@ def import_from_bucket(repo, bucket: str = "mnist", prefixes: Sequence[str] = ("
     ``BucketNotFound``; a refused, failed or overdue import (cancelled then) a ``LakeFSError``.
     """
     sources = ",".join(f"s3://{bucket}/{p}" for p in prefixes)
-    s3 = get_client(settings or load_settings())
+    s3 = get_client(settings)
     with object_store_errors(s3, bucket):
         if not s3.bucket_exists(bucket):
             raise bucket_not_found(endpoint_of(s3), bucket)
@@ -362,13 +361,12 @@ def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 61 (id 99fa4765).
 def run_experiments(repo, grid: Sequence[Mapping[str, Any]], start: Mapping[str, Any], experiment: str,
-                    settings: Settings | None = None, source: str = INGEST_BRANCH,
+                    settings: Settings, source: str = INGEST_BRANCH,
                     max_concurrent: int | None = None) -> list[ExperimentResult]:
     """Every experiment of ``grid`` on its own branch, from ``start``, each a Ray Train run, ``max_concurrent`` at once.
 
     ``max_concurrent`` defaults to the number of CPUs Ray has. Results come back in grid order.
     """
-    settings = settings or load_settings()
     with lakefs_errors(f"resolving {source!r}"):
         source_commit = repo.ref(source).get_commit().id
     branches = create_experiment_branches(repo, grid, source_commit)
@@ -543,14 +541,14 @@ class Reproduction:
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 97 (id 8d4cb7e5).
-def reproduce(repo, commit_id: str, tolerance: float = 0.005, settings: Settings | None = None) -> Reproduction:
+def reproduce(repo, commit_id: str, tolerance: float = 0.005, *, settings: Settings) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 
     Training is seeded, with one worker and one thread, so on the same machine and torch
     version the numbers match exactly; the tolerance (absolute accuracy)
     allows for other CPUs and BLAS builds.
     """
-    started, settings = time.perf_counter(), settings or load_settings()
+    started = time.perf_counter()
     params = read_json(repo, commit_id, PARAMS_PATH)
     recorded = read_json(repo, commit_id, METRICS_PATH)
     train, validation, _ = commit_datasets(repo, commit_id)

@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 import numpy as np
 from PIL import Image
-from helpers.cluster import init_ray
 from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess_support import create_logger, node_id, remove_superseded, skip_counter, started_last
@@ -186,8 +185,8 @@ def normalise_images(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 39 (id 0999c23f).
-def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None,
-                        settings: Settings | None = None):
+def read_images_dataset(bucket: str, split: str = "train", keys: Sequence[str] | None = None, *,
+                        settings: Settings):
     """Images via ``ray.data.read_images`` over pyarrow S3, the label from the folder name (notebook 03).
 
     Without ``keys`` Ray lists ``<bucket>/<split>/`` itself; with them it reads exactly those objects.
@@ -218,8 +217,8 @@ CURRENT_FILE = "CURRENT"  # names the folder of the complete set of shards
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 43 (id c69fb787).
-def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4,
-                        settings: Settings | None = None) -> str:
+def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int = 4, *,
+                        settings: Settings) -> str:
     """Write the objects behind a pointer dataset as ``num_shards`` Parquet files under ``packed/<split>/<version>/``.
 
     Each row holds the key, the label and the decoded pixels (``uint8 [28, 28]``). The new
@@ -230,7 +229,6 @@ def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int =
         The folder (``<bucket>/packed/<split>/<version>``) :func:`read_parquet_dataset` now reads.
     """
     check_count("num_shards", num_shards, 10_000)
-    settings = settings or load_settings()
     filesystem = s3_filesystem(settings)
     base = f"{bucket}/{PACKED_PREFIX}/{split}"
     version = f"{datetime.now(UTC):%Y%m%d-%H%M%S-%f}-{os.urandom(2).hex()}"  # sorts by start time
@@ -246,7 +244,7 @@ def pack_parquet_shards(ds, bucket: str, split: str = "train", num_shards: int =
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 45 (id 5dcfbbac).
-def packed_path(bucket: str, split: str = "train", settings: Settings | None = None) -> str:
+def packed_path(bucket: str, split: str = "train", *, settings: Settings) -> str:
     """The folder of the current packed shards of ``split``.
 
     Raises:
@@ -258,7 +256,7 @@ def packed_path(bucket: str, split: str = "train", settings: Settings | None = N
             return f"{base}/{current.read().decode().strip()}"
     except FileNotFoundError:
         raise StorageError(f"No packed shards under {base}/: pack them first with "
-                           "pack_parquet_shards(ds, bucket) (notebook 03).") from None
+                           "pack_parquet_shards(ds, bucket, settings=settings) (notebook 03).") from None
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 47 (id 4bc26bfb).
@@ -268,7 +266,7 @@ def scale_packed(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 49 (id 02681b21).
-def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings | None = None):
+def read_parquet_dataset(bucket: str, split: str = "train", *, settings: Settings):
     """The packed shards via ``ray.data.read_parquet``, scaled to the same batches as the other readers.
 
     Raises:
@@ -278,12 +276,13 @@ def read_parquet_dataset(bucket: str, split: str = "train", settings: Settings |
     import ray.data
     from pyarrow import fs
 
-    folder, filesystem = packed_path(bucket, split, settings), s3_filesystem(settings)
+    folder, filesystem = packed_path(bucket, split, settings=settings), s3_filesystem(settings)
     shards = sorted(f.path for f in filesystem.get_file_info(fs.FileSelector(folder)) if f.path.endswith(".parquet"))
     columns = pq.read_schema(shards[0], filesystem=filesystem).names if shards else []
     if "pixels" not in columns:
         raise StorageError(f"The shards under {folder}/ hold {columns}, not decoded 'pixels': they were packed "
-                           "by an older version. Pack them again with pack_parquet_shards(ds, bucket).")
+                           "by an older version. Pack them again with "
+                           "pack_parquet_shards(ds, bucket, settings=settings).")
     # The shard files by name (listed here, in one request) and one read task per shard, so the shards
     # are read in parallel.
     ds = ray.data.read_parquet(shards, filesystem=filesystem, override_num_blocks=len(shards))
@@ -325,17 +324,16 @@ def pointers_to_datasets(bucket: str, *splits: tuple[Sequence[str], Sequence[int
 
 
 # From notebooks/03_ray_data_preprocessing.ipynb, cell 60 (id 44cbc843).
-def load_datasets(bucket: str, smoke_test_size: int, settings: Settings | None = None, num_actors: int = 2,
+def load_datasets(bucket: str, smoke_test_size: int, settings: Settings, num_actors: int = 2,
                   seed: int = 0, batch_size: int = 400):
     """A bucket's pointers -> preprocessed, materialised Ray Datasets ``(train, validation, test)`` (04, 05).
 
     The validation images are notebook 02's (training images from MNIST index 50,000); the training pointers
-    are shuffled (seeded): listings come back sorted by label.
+    are shuffled (seeded): listings come back sorted by label. Runs on the Ray the caller started
+    (``cluster.init_ray``): reading data is no reason to start one.
     """
-    check_count("num_actors", num_actors, 1024)  # before Ray starts
+    check_count("num_actors", num_actors, 1024)  # before any data is read
     smoke_sizes(smoke_test_size)
-    settings = settings or load_settings()
-    init_ray(settings)
     x_train, y_train, x_test, y_test, _ = get_train_test_data(bucket, smoke_test_size, "manifest",
                                                               get_client(settings))
     train, validation = split_validation(x_train, y_train)

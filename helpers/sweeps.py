@@ -13,7 +13,7 @@ from ray import tune
 from torch import nn
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, check_count, load_settings
+from helpers.config import ParameterError, Settings, check_count
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem
 from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, lr_schedule,
@@ -26,7 +26,7 @@ KNOWN_GOOD = {name: DEFAULT_PARAMS[name] for name in TUNED}  # notebook 04's def
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 7 (id ecf5f58f).
-def load_arrays(bucket: str, smoke_test_size: int, settings: Settings | None = None,
+def load_arrays(bucket: str, smoke_test_size: int, settings: Settings,
                 seed: int = 0) -> dict[str, np.ndarray]:
     """Preprocessed train/validation/test arrays: notebook 03's ``load_datasets``, as ``x_train``, ``y_val``, ..."""
     arrays = {}
@@ -231,7 +231,7 @@ def asha_rungs(epochs: int, reduction_factor: int = 2) -> list[int]:
 
 # From notebooks/05_tune_sweeps.ipynb, cell 36 (id 0716d970).
 def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, num_samples: int,
-               max_concurrent: int, name: str, storage_path: str, settings: Settings | None = None):
+               max_concurrent: int, name: str, storage_path: str, settings: Settings):
     """A ``tune.Tuner`` over ``param_space`` with results and checkpoints in the object store (notebook 05)."""
     check_count("num_samples", num_samples, 100_000)
     check_count("max_concurrent", max_concurrent, 1024)
@@ -244,7 +244,7 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
             reuse_actors=True,  # a trial reuses a finished trial's process
         ),
         run_config=tune.RunConfig(
-            name=name, storage_path=storage_path, storage_filesystem=s3_filesystem(settings or load_settings()),
+            name=name, storage_path=storage_path, storage_filesystem=s3_filesystem(settings),
             stop={METRIC: 0.99}, verbose=0,
             callbacks=[tracking.end_trial_runs_callback()],  # ends the MLflow run of a trial ASHA stopped
             progress_reporter=tune.CLIReporter(),  # plain text (Jupyter's default is an HTML table)

@@ -23,7 +23,7 @@ from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, check_count, load_settings
+from helpers.config import ParameterError, Settings, check_count
 from helpers.storage import s3_filesystem
 from helpers.worker_metrics import worker_system_metrics
 from helpers.training_support import ShardCache, check_params, maybe_fail, require_gpus
@@ -301,7 +301,7 @@ def unique_run_name(prefix: str = "train") -> str:
 # From notebooks/04_distributed_training.ipynb, cell 47 (id de8d2dbc).
 def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: int, run_name: str,
                  storage_path: str, use_gpu: bool = False, max_failures: int = 2, cluster_cpus: float = 2.0,
-                 settings: Settings | None = None) -> TorchTrainer:
+                 *, settings: Settings) -> TorchTrainer:
     """A ``TorchTrainer`` for :func:`train_func_per_worker`, checkpointing into the object store (notebook 04)."""
     check_params(config)  # a bad value fails here, in one line, not later in a worker
     check_count("num_workers", num_workers, 1024)
@@ -324,7 +324,7 @@ def make_trainer(config: dict[str, Any], datasets: dict[str, Any], num_workers: 
         run_config=ray.train.RunConfig(
             name=run_name,
             storage_path=storage_path,  # "<bucket>/<prefix>" in the object store
-            storage_filesystem=s3_filesystem(settings or load_settings()),
+            storage_filesystem=s3_filesystem(settings),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=2),
             failure_config=ray.train.FailureConfig(max_failures=max_failures),
         ),

@@ -147,7 +147,7 @@ def exercise(settings, source_bucket: str) -> None:
     list(repo.ref(exp.INGEST_BRANCH).diff(repo.ref(results[0].branch)))
     promotion = exp.promote(repo, results[0].branch, table.commit_id[0])
     list(repo.ref(promotion.tag).log(max_amount=3))
-    exp.reproduce(repo, results[0].commit_id, tolerance=1.0)
+    exp.reproduce(repo, results[0].commit_id, tolerance=1.0, settings=settings)
     exp.run_experiments(repo, grid, start, "contract", settings)  # replaces the branch
 
     scratch = repo.branch("scratch").create(imported.commit_id)

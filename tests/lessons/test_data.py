@@ -141,19 +141,24 @@ def test_skip_mode_never_skips_an_outage(ray_local, broken_bucket, monkeypatch, 
     assert preprocess_support.skipped_keys(counter) == []
 
 
-def test_repacking_swaps_in_the_new_shards_only_when_all_are_written(ray_local, dataset_bucket, pointers, client):
+def test_repacking_swaps_in_the_new_shards_only_when_all_are_written(ray_local, dataset_bucket, pointers, client,
+                                                                     settings):
     x, y = pointers
-    first = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:100], y[:100]), dataset_bucket, num_shards=2)
-    assert preprocess.packed_path(dataset_bucket) == first
+    first = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:100], y[:100]), dataset_bucket,
+                                           num_shards=2, settings=settings)
+    assert preprocess.packed_path(dataset_bucket, settings=settings) == first
     with pytest.raises(storage.StorageError, match="train/7/gone.png"):  # a packing that fails half-way
         preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:100] + ["train/7/gone.png"], y[:100] + [7]),
-                                       dataset_bucket, num_shards=2)
-    assert preprocess.read_parquet_dataset(dataset_bucket).count() == 100  # the old shards are still whole
-    second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:50], y[:50]), dataset_bucket, num_shards=2)
-    assert second != first and preprocess.read_parquet_dataset(dataset_bucket).count() == 50
+                                       dataset_bucket, num_shards=2, settings=settings)
+    # the old shards are still whole
+    assert preprocess.read_parquet_dataset(dataset_bucket, settings=settings).count() == 100
+    second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:50], y[:50]), dataset_bucket,
+                                            num_shards=2, settings=settings)
+    assert second != first and preprocess.read_parquet_dataset(dataset_bucket, settings=settings).count() == 50
     # The replaced folder stays for a reader that started before the swap; the failed one goes.
     assert packed_folders(client, dataset_bucket) == {"CURRENT", first.rsplit("/", 1)[1], second.rsplit("/", 1)[1]}
-    third = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:30], y[:30]), dataset_bucket, num_shards=2)
+    third = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:30], y[:30]), dataset_bucket,
+                                           num_shards=2, settings=settings)
     assert packed_folders(client, dataset_bucket) == {"CURRENT", second.rsplit("/", 1)[1], third.rsplit("/", 1)[1]}
 
 
@@ -168,36 +173,39 @@ def test_a_reader_of_the_replaced_shards_and_a_packing_still_running_keep_their_
     import ray.data
 
     x, y = pointers
-    first = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:40], y[:40]), dataset_bucket, num_shards=2)
-    reading = preprocess.packed_path(dataset_bucket)  # a reader picks the folder, and reads it while ...
+    first = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:40], y[:40]), dataset_bucket,
+                                           num_shards=2, settings=settings)
+    # a reader picks the folder, and reads it while ...
+    reading = preprocess.packed_path(dataset_bucket, settings=settings)
     filesystem = storage.s3_filesystem(settings)
     running = f"{dataset_bucket}/packed/train/99991231-235959-000000"  # ... a packing started later still writes
     with filesystem.open_output_stream(f"{running}/part-0.parquet") as out:
         out.write(b"half of a shard")
-    second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:20], y[:20]), dataset_bucket, num_shards=2)
-    assert reading == first != second == preprocess.packed_path(dataset_bucket)
+    second = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:20], y[:20]), dataset_bucket,
+                                            num_shards=2, settings=settings)
+    assert reading == first != second == preprocess.packed_path(dataset_bucket, settings=settings)
     assert ray.data.read_parquet(reading, filesystem=filesystem, file_extensions=["parquet"]).count() == 40
     assert filesystem.get_file_info(f"{running}/part-0.parquet").size == len(b"half of a shard")
 
 
 @pytest.mark.timeout(300)
-def test_two_packings_at_once_leave_current_naming_a_whole_folder(ray_local, dataset_bucket, pointers):
+def test_two_packings_at_once_leave_current_naming_a_whole_folder(ray_local, dataset_bucket, pointers, settings):
     from concurrent.futures import ThreadPoolExecutor
 
     x, y = pointers
     sizes = [60, 30]
     with ThreadPoolExecutor(2) as pool:
         list(pool.map(lambda n: preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x[:n], y[:n]),
-                                                               dataset_bucket, num_shards=2), sizes))
-    assert preprocess.read_parquet_dataset(dataset_bucket).count() in sizes
+                                                               dataset_bucket, num_shards=2, settings=settings), sizes))
+    assert preprocess.read_parquet_dataset(dataset_bucket, settings=settings).count() in sizes
 
 
 @pytest.mark.parametrize("call", [
     lambda: preprocess.preprocess_with_actors(None, "b", num_actors=0),
     lambda: preprocess.preprocess_with_actors(None, "b", threads=-1),
     lambda: preprocess.preprocess_with_actors(None, "b", batch_size=0),
-    lambda: preprocess.pack_parquet_shards(None, "b", num_shards=0),
-    lambda: preprocess.load_datasets("b", 10, num_actors="2"),
+    lambda: preprocess.pack_parquet_shards(None, "b", num_shards=0, settings=None),
+    lambda: preprocess.load_datasets("b", 10, None, num_actors="2"),
 ])
 def test_counts_below_one_are_refused_before_any_work(call):
     with pytest.raises(ParameterError, match="whole number from 1"):
@@ -231,10 +239,10 @@ def test_shards_packed_by_an_older_version_ask_to_be_packed_again(ray_local, dat
     with filesystem.open_output_stream(f"{base}/CURRENT") as out:
         out.write(b"v1")
     with pytest.raises(storage.StorageError, match=r"hold \['key', 'label', 'image'\].*Pack them again"):
-        preprocess.read_parquet_dataset(dataset_bucket, "old-split", settings)
+        preprocess.read_parquet_dataset(dataset_bucket, "old-split", settings=settings)
 
 
-def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, client):
+def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, client, settings):
     def multiset(ds):
         out = Counter()
         for batch in ds.iter_batches(batch_size=None):
@@ -244,12 +252,14 @@ def test_all_readers_give_the_same_images_and_labels(ray_local, dataset_bucket, 
 
     x, y, *_ = listing.get_train_test_data(dataset_bucket, listing="manifest", client=client)  # all of train/
     actors = multiset(run_preprocessing(preprocess.to_ray_dataset(x, y), dataset_bucket, "actors"))
-    images = multiset(preprocess.read_images_dataset(dataset_bucket, "train"))  # Ray lists the prefix itself
-    path = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x, y), dataset_bucket, num_shards=3)
+    # Ray lists the prefix itself
+    images = multiset(preprocess.read_images_dataset(dataset_bucket, "train", settings=settings))
+    path = preprocess.pack_parquet_shards(preprocess.to_ray_dataset(x, y), dataset_bucket,
+                                          num_shards=3, settings=settings)
     shards = [o.object_name for o in client.list_objects(dataset_bucket, prefix=path.split("/", 1)[1] + "/")
               if o.object_name.endswith(".parquet")]
     assert len(shards) == 3
-    parquet = multiset(preprocess.read_parquet_dataset(dataset_bucket))
+    parquet = multiset(preprocess.read_parquet_dataset(dataset_bucket, settings=settings))
     assert sum(actors.values()) == SMOKE + VALIDATION
     assert actors == images == parquet
 
@@ -338,7 +348,8 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
                 os.remove(marker)
 
 
-def test_load_datasets_cuts_one_pipeline_into_shuffled_train_validation_and_test(ray_local, dataset_bucket, client):
+def test_load_datasets_cuts_one_pipeline_into_shuffled_train_validation_and_test(ray_local, dataset_bucket, client,
+                                                                                  settings):
     import ray.data
 
     x_train, y_train, x_test, y_test, _ = listing.get_train_test_data(dataset_bucket, SMOKE, "manifest", client)
@@ -346,7 +357,7 @@ def test_load_datasets_cuts_one_pipeline_into_shuffled_train_validation_and_test
     x_fit, y_fit = preprocess.shuffle_pointers(x_fit, y_fit, seed=5)
     assert (len(x_fit), len(x_val), len(x_test)) == (SMOKE, VALIDATION, 1500)
     # Batches of 16 over two actors: every row, in order, on its side of the cuts.
-    splits = preprocess.load_datasets(dataset_bucket, SMOKE, seed=5, batch_size=16)
+    splits = preprocess.load_datasets(dataset_bucket, SMOKE, settings, seed=5, batch_size=16)
     assert ray.data.DataContext.get_current().execution_options.preserve_order is False  # not relied on, not set
     for ds, keys, labels in zip(splits, (x_fit, x_val, x_test), (y_fit, y_val, y_test), strict=True):
         images, got_labels = preprocess.dataset_to_numpy(ds)
@@ -373,9 +384,9 @@ def test_shuffle_pointers_is_a_seeded_permutation_that_keeps_pairs():
     assert preprocess.shuffle_pointers(x, y, seed=3) == (xs, ys)
 
 
-def test_read_images_names_an_object_that_is_not_an_image(ray_local, broken_bucket):
+def test_read_images_names_an_object_that_is_not_an_image(ray_local, broken_bucket, settings):
     with pytest.raises(ValueError) as err:  # Ray's own reader: RayTaskError(ValueError)
-        preprocess.read_images_dataset(broken_bucket, "train").materialize()
+        preprocess.read_images_dataset(broken_bucket, "train", settings=settings).materialize()
     line = notebook.user_error_line(err.value)
     assert line == (f"ObjectDecodeError: Object 'train/3/corrupt.png' in bucket '{broken_bucket}' is not a readable "
                     f"image. {storage.REPAIR_HINT}")

@@ -1,6 +1,7 @@
 """The lessons live in the notebooks: each shows the calls it teaches; helpers' lesson modules are exported from it."""
 
 import ast
+import inspect
 import json
 import os
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import preprocess
 from helpers.config import project_root
 from workshop import export, runner
 
@@ -142,7 +144,7 @@ def python_files(package: str) -> list[Path]:
 
 
 # Every line of helpers/, generated modules included: 8,988 before the platform moved out to workshop/.
-HELPERS_LINES = 6220  # + 3: a catch-up run of 04 removes its executed copy once it ran to the end
+HELPERS_LINES = 6216  # - 4: the lessons take their caller's settings, and load_datasets its Ray
 
 
 def test_helpers_hold_what_the_notebooks_import_and_stay_thin():
@@ -268,6 +270,17 @@ def test_no_benchmark_instrumentation_in_the_lessons():
         assert not [s for s in code_cells(notebook) if "timings." in s], notebook.name
     for module in export.EXPORTS.values():
         assert "timings" not in (project_root() / "helpers" / f"{module}.py").read_text(), module
+
+
+def test_reading_data_starts_no_ray():
+    """03's data code (``load_datasets`` and all it calls) runs on the Ray its caller started: it starts none."""
+    tree = ast.parse((project_root() / "helpers" / "preprocess.py").read_text())
+    starts = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+              and (getattr(node.func, "id", "") == "init_ray" or getattr(node.func, "attr", "") in ("init_ray", "init")
+                   and getattr(node.func.value, "id", "") in ("ray", "cluster"))]
+    assert not starts, f"helpers/preprocess.py starts Ray at lines {starts}"
+    load_datasets = inspect.signature(preprocess.load_datasets).parameters["settings"]
+    assert load_datasets.default is inspect.Parameter.empty, "the caller's settings, passed once, not re-read"
 
 
 def test_one_checkpoint_format_and_one_loader():

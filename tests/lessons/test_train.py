@@ -357,16 +357,16 @@ def test_bad_training_parameters_fail_before_any_run(change, message):
     with pytest.raises(training.ParameterError, match=message):
         training.check_params({**PARAMS, **change})
     with pytest.raises(training.ParameterError, match=message):
-        training.make_trainer({**PARAMS, **change}, {}, 1, "x", "b/p")
+        training.make_trainer({**PARAMS, **change}, {}, 1, "x", "b/p", settings=None)
 
 
 def test_bad_worker_counts_and_a_gpu_that_is_not_there(settings):
     cluster.init_ray(settings)
     for workers in (0, -2, "2"):
         with pytest.raises(training.ParameterError, match="num_workers"):
-            training.make_trainer(PARAMS, {}, workers, "x", "b/p")
+            training.make_trainer(PARAMS, {}, workers, "x", "b/p", settings=settings)
     with pytest.raises(training.ParameterError, match="use_gpu=True needs 2 GPUs.*this Ray has 0"):
-        training.make_trainer(PARAMS, {}, 2, "x", "b/p", use_gpu=True)  # Ray would wait for ever
+        training.make_trainer(PARAMS, {}, 2, "x", "b/p", use_gpu=True, settings=settings)  # Ray would wait for ever
 
 
 @pytest.mark.timeout(500)

@@ -49,9 +49,9 @@ def repo(lk_settings, source_bucket):
 
 
 @pytest.fixture(scope="module")
-def imported(repo, source_bucket, client):
+def imported(repo, source_bucket, client, lk_settings):
     before = exp.bucket_usage(source_bucket, client=client)
-    result = exp.import_from_bucket(repo, source_bucket)
+    result = exp.import_from_bucket(repo, source_bucket, settings=lk_settings)
     return before, result
 
 
@@ -74,8 +74,8 @@ def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported,
     assert commit.metadata["import_source"] == f"s3://{source_bucket}/train/,s3://{source_bucket}/test/"
 
 
-def test_a_second_import_of_the_same_sources_is_reused(repo, imported, source_bucket):
-    again = exp.import_from_bucket(repo, source_bucket)
+def test_a_second_import_of_the_same_sources_is_reused(repo, imported, source_bucket, lk_settings):
+    again = exp.import_from_bucket(repo, source_bucket, settings=lk_settings)
     assert again.reused and again.commit_id == imported[1].commit_id and again.objects == imported[1].objects
 
 
@@ -219,10 +219,10 @@ def test_the_promoted_model_becomes_the_champion_and_a_new_winner_moves_the_alia
         assert client.get_model_version_by_alias(name, "champion").version == champion_version.version
 
 
-def test_reproduce_from_a_commit_id_alone(repo, experiments):
+def test_reproduce_from_a_commit_id_alone(repo, experiments, lk_settings):
     result = experiments[1]
     handler = signal.getsignal(signal.SIGINT)
-    reproduction = exp.reproduce(repo, result.commit_id)
+    reproduction = exp.reproduce(repo, result.commit_id, settings=lk_settings)
     assert signal.getsignal(signal.SIGINT) is handler  # Ray Train's fit() leaves its own behind: put back
     assert reproduction.within_tolerance and reproduction.recorded == result.metrics
     assert reproduction.params == result.params
@@ -236,12 +236,12 @@ def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_setti
     assert again[0].metrics == experiments[0].metrics  # same data, same seed: the same model
 
 
-def test_a_bad_grid_fails_before_any_branch_is_made(repo):
+def test_a_bad_grid_fails_before_any_branch_is_made(repo, lk_settings):
     branches = {b.id for b in repo.branches()}
     with pytest.raises(ParameterError, match="optimizer must be one of"):
-        exp.run_experiments(repo, [{"optimizer": "rmsprop"}], START, EXPERIMENT)
+        exp.run_experiments(repo, [{"optimizer": "rmsprop"}], START, EXPERIMENT, lk_settings)
     with pytest.raises(ParameterError, match="Unknown experiment parameter"):
-        exp.run_experiments(repo, [{"optimiser": "sgd"}], START, EXPERIMENT)
+        exp.run_experiments(repo, [{"optimiser": "sgd"}], START, EXPERIMENT, lk_settings)
     assert {b.id for b in repo.branches()} == branches
 
 
@@ -389,17 +389,17 @@ def test_a_bad_repository_name_is_refused_before_any_call(lk_settings, name):
         exp.ensure_repository(None, name, lk_settings)
 
 
-def test_a_missing_source_bucket_is_named(repo):
+def test_a_missing_source_bucket_is_named(repo, lk_settings):
     with pytest.raises(storage.BucketNotFound, match="t-no-such-bucket.*upload_mnist"):
-        exp.import_from_bucket(repo, "t-no-such-bucket")
+        exp.import_from_bucket(repo, "t-no-such-bucket", settings=lk_settings)
 
 
-def test_an_import_past_its_deadline_is_cancelled_and_commits_nothing(repo, source_bucket, lakefs_kind):
+def test_an_import_past_its_deadline_is_cancelled_and_commits_nothing(repo, source_bucket, lakefs_kind, lk_settings):
     if lakefs_kind != "double":
         pytest.skip("a real lakeFS may finish this small import before its first status poll")
     branch = f"late-{uuid.uuid4().hex[:6]}"
     with pytest.raises(versioning.LakeFSError, match="did not finish within 0 s and was cancelled"):
-        exp.import_from_bucket(repo, source_bucket, branch=branch, timeout=0)
+        exp.import_from_bucket(repo, source_bucket, branch=branch, settings=lk_settings, timeout=0)
     time.sleep(0.5)  # the import's own thread has had time to finish, had it not been cancelled
     head = repo.branch(branch).get_commit()
     assert head.id == repo.branch(repo.properties.default_branch).get_commit().id  # still where it was created
