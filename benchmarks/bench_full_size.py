@@ -31,7 +31,7 @@ from pathlib import Path
 from common import lakefs_or_double, print_table, summary_facts, write_results
 
 from helpers import upload
-from helpers.config import project_root
+from helpers.settings import project_root
 from workshop import stack
 from workshop.runner import execute, notebook_paths
 
@@ -67,7 +67,7 @@ def without_lakefs_07(bucket: str, suffix: str, out: Path) -> dict:
     ``@champion`` to the better one by notebook 06's rule and say which notebook registered what it serves.
     """
     from helpers import champion_candidates, serving_support, tracking
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
 
     smoke_experiment, name = f"full-smoke-{suffix}", f"full-no-lakefs-{suffix}"
     (notebook,) = notebook_paths(pattern="04_*.ipynb")

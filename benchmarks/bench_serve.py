@@ -68,8 +68,8 @@ def plain_server(model_uri: str, port: int, ready) -> None:
     import numpy as np
     import torch
 
-    from helpers.config import load_settings
     from helpers.preprocess import normalise
+    from helpers.settings import load_settings
 
     load_settings().use_mlflow_credentials()
     mlflow.set_tracking_uri(load_settings().mlflow_tracking_uri)

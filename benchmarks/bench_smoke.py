@@ -465,7 +465,7 @@ def run_once(notebooks: list[Path], out_dir: Path, parameters: dict[str, dict], 
     Every process writes its spans to ``spans_file`` (``SMOKE_TIMINGS``); a notebook's
     are the ones that ended while it ran (they run one after another).
     """
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
     from workshop.runner import execute
 
     rows = []
@@ -582,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    from helpers.config import load_settings, state_dir
+    from helpers.settings import load_settings, state_dir
     from workshop import stack
     from workshop.runner import notebook_paths
 

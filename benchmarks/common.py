@@ -71,7 +71,7 @@ def lakefs_or_double(settings):
     if lakefs_answers(settings):
         yield f"lakeFS at {settings.lakefs_endpoint}"
         return
-    from helpers.config import project_root
+    from helpers.settings import project_root
 
     sys.path.insert(0, str(project_root()))
     from tests.fakes.lakefs_double import LakeFSServer

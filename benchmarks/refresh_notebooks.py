@@ -20,7 +20,7 @@ from pathlib import Path
 from common import lakefs_or_double
 
 from helpers import worker_env
-from helpers.config import load_settings
+from helpers.settings import load_settings
 from workshop import runner, stack
 
 

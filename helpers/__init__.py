@@ -4,7 +4,7 @@ Generated from the notebooks' ``#@save`` cells by ``python -m workshop.export`` 
 not the module): one module per notebook, named in ``workshop.export.EXPORTS``, the one list of them.
 
 Hand-written, called by the lessons in one visible line: a ``*_support`` module per lesson that needs
-one; the clients and settings (``config``, ``storage``, ``tracking``, ``versioning``, ``cluster``,
+one; the clients and settings (``settings``, ``storage``, ``tracking``, ``versioning``, ``cluster``,
 ``stack_ray``); ``errors`` (the one base of every error a learner can fix); the notebook display
 (``notebook``, ``interrupts``, ``plots``); and ``stack``, the one door to the local platform that starts
 the services (the :mod:`workshop` package beside this one, which nothing else here imports, and this

@@ -129,7 +129,7 @@ def check_model_uri(client, uri: str, parameter: str = "model_uri",
     """
     from mlflow.exceptions import MlflowException
 
-    from helpers.config import ParameterError
+    from helpers.settings import ParameterError
 
     problem = None
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import stack_ray, timings, worker_env
-from helpers.config import ConfigError, Settings, load_settings, state_dir
+from helpers.settings import Settings, SettingsError, load_settings, state_dir
 from helpers.worker_env import (
     LOCAL_RAY_DEFAULTS,
     WORKER_SETTINGS,
@@ -132,7 +132,7 @@ def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[s
     return {"env_vars": env_vars} if env_vars else None
 
 
-class RayUnavailable(ConfigError):
+class RayUnavailable(SettingsError):
     """The Ray that ``RAY_ADDRESS`` names cannot be joined; the message says why and what to do."""
 
 

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from helpers.config import project_root
+from helpers.settings import project_root
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from helpers.champion_candidates import ModelChoice, accuracies, day_models
-from helpers.config import check_count, load_settings
+from helpers.settings import check_count, load_settings
 from helpers.inference_support import train_first
 from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dataset

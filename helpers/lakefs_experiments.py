@@ -21,7 +21,7 @@ from torch import nn
 
 from helpers import champion_candidates, tracking
 from helpers.cluster import init_ray
-from helpers.config import ParameterError, Settings
+from helpers.settings import ParameterError, Settings
 from helpers.dataset_cache import read_once
 from helpers.listing import split_train_test, split_validation
 from helpers.preprocess import dataset_to_numpy, pointers_to_datasets, shuffle_pointers

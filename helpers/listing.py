@@ -12,7 +12,7 @@ import numpy as np
 from minio import Minio
 from minio.error import S3Error
 from PIL import Image
-from helpers.config import ParameterError, check_count
+from helpers.settings import ParameterError, check_count
 from helpers.mnist import FIRST_VALIDATION_ID
 from helpers.storage import (StorageError, bucket_not_found, endpoint_of, get_client, image_keys,
                              object_store_errors, read_object, smoke_sizes)

@@ -163,7 +163,7 @@ def benchmark_results(name: str) -> dict[str, Any] | None:
     """The measured results ``benchmarks/results/<name>.json`` written by ``make bench`` (None if absent)."""
     import json
 
-    from helpers.config import project_root
+    from helpers.settings import project_root
 
     path = project_root() / "benchmarks" / "results" / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None

@@ -1,7 +1,7 @@
 """Every notebook's parameters, declared here by type and range and checked in one call (notebooks 01-07).
 
 Each notebook's first code cell after its ``parameters`` cell calls :func:`check_parameters`, so a bad
-value stops the notebook before any work, in one :class:`~helpers.config.ParameterError` that names the
+value stops the notebook before any work, in one :class:`~helpers.settings.ParameterError` that names the
 parameter, instead of a library's error about a name the learner never set (Ray's ``parallelism``, say).
 
 papermill passes ``-p name value`` as text unless the value reads as a number or a boolean: a list
@@ -14,7 +14,7 @@ import math
 import numbers
 from collections.abc import Callable, Mapping
 
-from helpers.config import ParameterError, check_count, check_fraction, check_positive
+from helpers.settings import ParameterError, check_count, check_fraction, check_positive
 
 Check = Callable[[str, object], None]
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 import numpy as np
 from PIL import Image
-from helpers.config import ParameterError, Settings, check_count, load_settings
+from helpers.settings import ParameterError, Settings, check_count, load_settings
 from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess_support import create_logger, node_id, remove_superseded, skip_counter, started_last
 from helpers.storage import (REPAIR_HINT, ObjectDecodeError, ObjectMissing, StorageError, get_client,

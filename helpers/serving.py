@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from helpers import serving_support
-from helpers.config import load_settings
+from helpers.settings import load_settings
 from helpers.preprocess import normalise
 
 

@@ -49,7 +49,7 @@ class BadRequest(TutorialError, ValueError):
 
 
 def _state() -> Path:
-    from helpers.config import state_dir
+    from helpers.settings import state_dir
 
     return state_dir()
 
@@ -216,7 +216,7 @@ def check_serve_port(port: int) -> None:
     import ray
 
     from helpers import stack_ray
-    from helpers.config import state_dir
+    from helpers.settings import state_dir
 
     gcs_port = int(ray.get_runtime_context().gcs_address.rpartition(":")[2])
     heads = [(stack_ray.read_service(state_dir()) or {}).get("pid"), os.getpid()]

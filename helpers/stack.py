@@ -14,8 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from helpers.config import Settings, load_settings, services_line
 from helpers.errors import TutorialError
+from helpers.settings import Settings, load_settings, services_line
 
 
 class NoEmbeddedStack(TutorialError, RuntimeError):

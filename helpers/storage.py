@@ -22,9 +22,9 @@ from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
-from helpers.config import ParameterError, Settings, check_count, load_settings
 from helpers.errors import TutorialError
 from helpers.mnist import FIRST_VALIDATION_ID, TEST_SIZE, TRAIN_SIZE
+from helpers.settings import ParameterError, Settings, check_count, load_settings
 
 
 class StorageError(TutorialError, RuntimeError):
@@ -141,13 +141,13 @@ def get_client(settings: Settings | None = None, max_connections: int = 32, retr
     """A MinIO SDK client for the configured object store (notebooks 01-03).
 
     Args:
-        settings: where the store is; :func:`helpers.config.load_settings` by default.
+        settings: where the store is; :func:`helpers.settings.load_settings` by default.
         max_connections: HTTP connection pool size; match it to the number of
             threads that share the client, or requests queue for a connection.
         retries: retries of a failed request before giving up.
 
     Raises:
-        ConfigError: no object store is configured (the message names the fix).
+        SettingsError: no object store is configured (the message names the fix).
     """
     check_count("max_connections", max_connections, 1024)
     check_count("retries", retries, 20, minimum=0)

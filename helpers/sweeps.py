@@ -13,7 +13,7 @@ from ray import tune
 from torch import nn
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, check_count
+from helpers.settings import ParameterError, Settings, check_count
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem
 from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, lr_schedule,

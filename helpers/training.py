@@ -23,7 +23,7 @@ from ray.train.torch import TorchTrainer, prepare_model
 from torch import nn
 
 from helpers import tracking
-from helpers.config import ParameterError, Settings, check_count
+from helpers.settings import ParameterError, Settings, check_count
 from helpers.storage import s3_filesystem
 from helpers.worker_metrics import worker_system_metrics
 from helpers.training_support import ShardCache, check_params, maybe_fail, require_gpus

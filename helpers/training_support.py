@@ -4,7 +4,7 @@ The loop a learner reads (``train_func_per_worker``) is the minimal correct
 Ray Train loop. Around it, and called from it in one visible line each:
 
 * :func:`check_params`: every training parameter checked in the driver, before
-  any worker starts, in one :class:`~helpers.config.ParameterError`;
+  any worker starts, in one :class:`~helpers.settings.ParameterError`;
 * :class:`ShardCache`: after the first epoch a worker trains from its shard in
   memory instead of asking Ray Data for every batch again;
 * :func:`maybe_fail`: the fault a learner injects with ``fail_at_epoch``, to see
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from helpers.config import ParameterError, check_count, check_fraction, check_positive
+from helpers.settings import ParameterError, check_count, check_fraction, check_positive
 
 MODELS = ("mlp", "cnn")
 OPTIMIZERS = ("adam", "sgd")

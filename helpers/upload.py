@@ -13,7 +13,7 @@ import numpy as np
 from minio import Minio
 from PIL import Image
 
-from helpers.config import ParameterError, check_count
+from helpers.settings import ParameterError, check_count
 from helpers.mnist import FIRST_VALIDATION_ID, load_mnist
 from helpers.notebook import progress_bar
 from helpers.storage import (check_bucket_name, ensure_bucket, get_client, image_keys, object_store_errors,

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from minio import Minio
 from minio.error import S3Error
 
-from helpers.config import ParameterError
+from helpers.settings import ParameterError
 from helpers.storage import StorageError, object_store_errors, translate_error
 
 APPEND_MARKER_KEY = "_manifest/append-in-progress.json"

@@ -13,8 +13,8 @@ import json
 import re
 from collections.abc import Iterator
 
-from helpers.config import ConfigError, ParameterError, Settings, load_settings
 from helpers.errors import TutorialError
+from helpers.settings import ParameterError, Settings, SettingsError, load_settings
 
 LAKEFS_BUCKET = "lakefs"  # the bucket holding every repository's storage namespace
 HOW_TO_GET_LAKEFS = (
@@ -76,7 +76,7 @@ def require_lakefs(settings: Settings) -> None:
     if not settings.lakefs_endpoint:
         raise LakeFSUnavailable(f"No lakeFS server is configured. {HOW_TO_GET_LAKEFS}")
     if not settings.lakefs_access_key or not settings.lakefs_secret_key:
-        raise ConfigError("LAKEFS_ENDPOINT is set but LAKEFS_ACCESS_KEY_ID / LAKEFS_SECRET_ACCESS_KEY are not.")
+        raise SettingsError("LAKEFS_ENDPOINT is set but LAKEFS_ACCESS_KEY_ID / LAKEFS_SECRET_ACCESS_KEY are not.")
 
 
 def check_client(client, settings: Settings, timeout: float = 5.0):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from helpers.config import Settings
+from helpers.settings import Settings
 from helpers.tracking import bounded_requests
 
 # Set to true where every node of the cluster already has S3_ACCESS_KEY and S3_SECRET_KEY in its

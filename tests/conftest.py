@@ -17,7 +17,7 @@ pytest_plugins = ["tests.suite.session", "tests.suite.suite_timings"]
 @pytest.fixture(scope="session")
 def settings():
     """Settings pointing at the session's object store and MLflow."""
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
 
     session_stack()
     return load_settings()

@@ -1,7 +1,7 @@
 """The embedded stack's keys and logins: made once at random, kept 0600 in its state folder, never on a command line.
 
 The object store's identity, lakeFS's installation keys, MLflow's admin user and form-signing key, and
-``stack.env``, where :func:`helpers.config.load_settings` finds the endpoints and keys.
+``stack.env``, where :func:`helpers.settings.load_settings` finds the endpoints and keys.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def write_env_file(state: Path, ports: dict[str, int], access: str, secret: str,
     # MLflow's URI is written even by `up --no-mlflow`: its port is reserved, and a
     # client then says "not reachable at <uri>" rather than "not configured".
     lines = [
-        "# Written by `python -m workshop.stack up`; read by helpers.config.load_settings().",
+        "# Written by `python -m workshop.stack up`; read by helpers.settings.load_settings().",
         f"S3_ENDPOINT=http://127.0.0.1:{ports['s3']}",
         f"S3_ACCESS_KEY={access}",
         f"S3_SECRET_KEY={secret}",

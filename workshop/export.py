@@ -22,8 +22,8 @@ import json
 import sys
 from pathlib import Path
 
-from helpers.config import project_root
 from helpers.errors import TutorialError
+from helpers.settings import project_root
 
 MARK = "#@save"
 # notebook -> generated module (helpers/<name>.py)

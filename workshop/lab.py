@@ -36,9 +36,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from helpers import stack_ray
 from helpers.cluster import check_cluster
-from helpers.config import ConfigError, load_settings, project_root, state_dir
 from helpers.errors import TutorialError
 from helpers.private_files import write_private
+from helpers.settings import SettingsError, load_settings, project_root, state_dir
 from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import processes, stack, state_files
 
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, LabStopped) as stop:
         print(f"\nStopping ({stop or 'Ctrl-C'}) ...", flush=True)
         return 0
-    except (LabError, stack.StackError, ConfigError) as err:
+    except (LabError, stack.StackError, SettingsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:

@@ -142,8 +142,8 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     from ray._private.utils import write_ray_address
 
     from helpers import timings, worker_env
-    from helpers.config import load_settings
     from helpers.private_files import write_private
+    from helpers.settings import load_settings
 
     os.environ.pop("RAY_ADDRESS", None)  # not for this Ray's workers: a cluster left in the environment of `up`
     for name, value in worker_env.LOCAL_RAY_DEFAULTS.items():

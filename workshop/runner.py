@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from helpers.config import project_root
+from helpers.settings import project_root
 from helpers.worker_env import use_room_environment
 
 # A notebook that needs a service the machine lacks raises this in its

@@ -21,7 +21,7 @@ git-ignored folder (``.stack/`` by default):
   starting its own (about ten seconds each on a 2-core laptop).
 
 ``up`` writes the endpoints and generated keys into ``.stack/stack.env``,
-which :func:`helpers.config.load_settings` reads, so the notebooks cannot
+which :func:`helpers.settings.load_settings` reads, so the notebooks cannot
 tell this stack from docker compose or a real cluster.
 """
 
@@ -50,10 +50,10 @@ from pathlib import Path
 import psutil
 
 from helpers import stack_ray
-from helpers.config import STATE_FILE_NAME, Settings, load_settings, state_dir
-from helpers.config import services_line as configured_services_line
 from helpers.ports import free_port_candidates, port_is_free
 from helpers.private_files import private_folder, write_private
+from helpers.settings import STATE_FILE_NAME, Settings, load_settings, state_dir
+from helpers.settings import services_line as configured_services_line
 from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import lakefs_binary, ray_service, seaweedfs_security
 from workshop.credentials import (
@@ -757,12 +757,12 @@ def ensure_stack(with_mlflow: bool = True, ray_dashboard_port: int | None = None
 
 
 def services_line(settings: Settings, with_mlflow: bool = True, state: Path | None = None) -> str:
-    """:func:`helpers.config.services_line`, and a word when a setting hides a running embedded stack.
+    """:func:`helpers.settings.services_line`, and a word when a setting hides a running embedded stack.
 
     A ``.env`` written for docker compose keeps pointing at compose's ports after compose is gone:
     this line is where a learner sees that it, not the embedded stack, won.
     """
-    from helpers.config import _read_env_file
+    from helpers.settings import _read_env_file
 
     state = (state or state_dir()).resolve()
     embedded = _read_env_file(state_paths(state)["env"]) if remembered_process(state, "seaweedfs") else {}
@@ -835,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
                       with_ray=not args.no_ray, ray_cpus=args.ray_cpus)
             print(f"Embedded stack up in {time.monotonic() - started:.1f} s (state in {state.name}/):")
             _print_status(rows)
-            print(f"Endpoints and keys: {state.name}/{STATE_FILE_NAME} (read automatically by helpers.config)")
+            print(f"Endpoints and keys: {state.name}/{STATE_FILE_NAME} (read automatically by helpers.settings)")
         elif args.command == "status":
             rows = status(state)
             _print_status(rows)

@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from helpers.config import STATE_FILE_NAME
 from helpers.errors import TutorialError
 from helpers.private_files import private_folder
+from helpers.settings import STATE_FILE_NAME
 
 
 class StackError(TutorialError, RuntimeError):

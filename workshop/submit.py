@@ -24,8 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from helpers.config import project_root
 from helpers.errors import TutorialError
+from helpers.settings import project_root
 
 # Not sent with the job: the environment and state of this machine, earlier results, pictures.
 EXCLUDES = [".venv/", ".stack/", "runs/", ".git/", "docs/", "benchmarks/results/", "**/__pycache__/",
@@ -39,7 +39,7 @@ class SubmitError(TutorialError, RuntimeError):
 def dashboard_address(given: str | None = None) -> str:
     """The Jobs API's address: ``given``, ``RAY_API_SERVER_ADDRESS``, or the lab's dashboard."""
     from helpers import stack_ray
-    from helpers.config import state_dir
+    from helpers.settings import state_dir
 
     address = given or os.environ.get("RAY_API_SERVER_ADDRESS")
     if not address:
@@ -66,7 +66,7 @@ def _client(address: str):
 
     from helpers import stack_ray
     from helpers.cluster import TOKEN_HINT
-    from helpers.config import state_dir
+    from helpers.settings import state_dir
 
     service = stack_ray.read_service(state_dir())
     if service is not None and service.get("dashboard") and _same_local_address(address, service["dashboard"]):

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from dotenv import dotenv_values
 
-from helpers.config import ENV_NAMES
+from helpers.settings import ENV_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 KNOWN_ENV = {name for names in ENV_NAMES.values() for name in names}
@@ -78,7 +78,7 @@ def test_lakefs_runs_on_minio_with_local_kv_and_the_shared_keys(compose):
     assert env["LAKEFS_BLOCKSTORE_TYPE"] == "s3" and env["LAKEFS_BLOCKSTORE_S3_ENDPOINT"] == "http://minio:9000"
     assert env["LAKEFS_BLOCKSTORE_S3_FORCE_PATH_STYLE"] == "true"
     assert config["database"]["type"] == "local"
-    # the installation user's keys are the very variables helpers.config reads for the client
+    # the installation user's keys are the very variables helpers.settings reads for the client
     assert env["LAKEFS_INSTALLATION_ACCESS_KEY_ID"].startswith("${LAKEFS_ACCESS_KEY_ID")
     assert env["LAKEFS_INSTALLATION_SECRET_ACCESS_KEY"].startswith("${LAKEFS_SECRET_ACCESS_KEY")
     assert {"LAKEFS_ACCESS_KEY_ID", "LAKEFS_SECRET_ACCESS_KEY"} <= set(ENV_NAMES["lakefs_access_key"]) | set(

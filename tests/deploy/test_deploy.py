@@ -8,7 +8,7 @@ kustomize the manifests use; where `kubectl` is installed, its own rendering mus
   unknown field fails);
 - RayCluster and RayJob are checked against deploy/kuberay/schema/, this repository's own JSON schema of
   the fields used, written from KubeRay v1.7.0's CRDs, after the CRD's defaults are filled in;
-- what the notebooks need: every variable helpers.config reads for the object store, MLflow and lakeFS
+- what the notebooks need: every variable helpers.settings reads for the object store, MLflow and lakeFS
   reaches every Ray pod and job submitter; the RayJobs run notebooks and parameters that exist, with values
   the notebooks accept; Secrets hold placeholders only.
 
@@ -35,7 +35,7 @@ import pytest
 import yaml
 from dotenv import dotenv_values
 
-from helpers.config import _SECRET_FIELDS, ENV_NAMES
+from helpers.settings import _SECRET_FIELDS, ENV_NAMES
 from helpers.worker_env import KEYS_FROM_CLUSTER_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +48,7 @@ K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())
 
 SETTINGS_CONFIGMAP, CREDENTIALS, TOKENS = "mnist-settings", "mnist-credentials", "mnist-tokens"
 # What the notebooks read for the object store, MLflow and lakeFS: the first (canonical) name of each
-# setting of helpers.config. The bucket has a default; RAY_ADDRESS is set by Ray for a job's driver.
+# setting of helpers.settings. The bucket has a default; RAY_ADDRESS is set by Ray for a job's driver.
 SERVICE_SETTINGS = {setting: names[0] for setting, names in ENV_NAMES.items()
                     if setting.startswith(("s3_", "mlflow_", "lakefs_"))}
 KNOWN_ENV = {name for names in ENV_NAMES.values() for name in names} | {KEYS_FROM_CLUSTER_ENV}
@@ -396,8 +396,8 @@ def entrypoint_problems(job: dict) -> list[str]:
     """The RayJob runs, from the image's /workspace, a notebook that exists with parameters it has and accepts."""
     from papermill.cli import _resolve_type
 
-    from helpers.config import ParameterError
     from helpers.parameters import check_parameters
+    from helpers.settings import ParameterError
 
     script, problems = entrypoint_script(job["spec"]["entrypoint"])
     if script is None:

@@ -45,7 +45,7 @@ from typing import Any
 import lakefs_sdk
 from lakefs_sdk import models
 
-from helpers.config import Settings
+from helpers.settings import Settings
 from helpers.storage import get_client
 
 API = "/api/v1"
@@ -889,7 +889,7 @@ class LakeFSServer(ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
     def env(self) -> dict[str, str]:
-        """The ``LAKEFS_*`` variables that point ``helpers.config`` at this server."""
+        """The ``LAKEFS_*`` variables that point ``helpers.settings`` at this server."""
         return {"LAKEFS_ENDPOINT": self.endpoint, "LAKEFS_ACCESS_KEY_ID": self.access_key,
                 "LAKEFS_SECRET_ACCESS_KEY": self.secret_key}
 

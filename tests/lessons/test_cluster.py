@@ -11,7 +11,7 @@ import time
 import pytest
 
 from helpers import cluster, stack_ray
-from helpers.config import project_root, state_dir
+from helpers.settings import project_root, state_dir
 from workshop import runner, stack
 
 

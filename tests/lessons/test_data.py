@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from helpers import cluster, listing, notebook, preprocess, preprocess_support, storage, upload, worker_env
-from helpers.config import ParameterError
 from helpers.mnist import load_mnist
+from helpers.settings import ParameterError
 from workshop import processes, stack
 
 SMOKE = 450  # 450 training pointers: batches of 400 + 50 (and 750 validation images under train/)
@@ -398,7 +398,7 @@ def test_a_notebook_shows_user_errors_in_one_line_and_other_errors_whole(capsys)
     shell = InteractiveShell.instance()
     try:
         notebook.setup()
-        shell.run_cell("from helpers.config import ParameterError\n"
+        shell.run_cell("from helpers.settings import ParameterError\n"
                        "raise ParameterError('threads=0 is out of range')")
         short = capsys.readouterr()
         shell.run_cell("int('not a number')")  # a ValueError of another kind keeps its traceback
@@ -446,7 +446,7 @@ def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(sett
     import ray
 
     from helpers import stack_ray
-    from helpers.config import state_dir
+    from helpers.settings import state_dir
 
     service = stack_ray.read_service(state_dir())
     if service is None:

@@ -26,7 +26,7 @@ def test_a_test_process_started_with_sigint_ignored_still_interrupts_as_a_kernel
     import subprocess
     import sys
 
-    from helpers.config import project_root
+    from helpers.settings import project_root
 
     probe = tmp_path / "test_probe.py"
     probe.write_text("from tests.suite.session import assert_ctrl_c_interrupts\n\n\n"

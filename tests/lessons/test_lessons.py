@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers import preprocess
-from helpers.config import project_root
+from helpers.settings import project_root
 from workshop import export, runner
 
 # What each notebook's code cells must show, by name: calls as "name(", keyword arguments as "name(kw=",

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers.config import project_root
+from helpers.settings import project_root
 from tests.suite.session import REUSE_STACK_ENV, session_lakefs, session_stack
 
 pytestmark = pytest.mark.notebook

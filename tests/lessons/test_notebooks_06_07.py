@@ -21,7 +21,7 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
     import lakefs
 
     from helpers import lakefs_experiments, versioning
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
 
     repo_name, suffix = f"t-nb-{bucket[2:10]}", bucket[2:12]
     facts = run("06", tmp_path, bucket=bucket, repo_name=repo_name, smoke_test_size=180,

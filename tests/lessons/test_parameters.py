@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from helpers.config import ParameterError
 from helpers.parameters import PARAMETERS, check_parameters
+from helpers.settings import ParameterError
 from workshop import runner
 
 BUCKET = [("Not_A_Valid_Bucket", "'Not_A_Valid_Bucket' is not a valid bucket name"),

@@ -298,7 +298,7 @@ def test_the_endpoint_s_key_goes_only_to_a_port_serve_s_proxy_holds(served):
 def test_the_endpoint_s_key_is_private_to_its_user_and_curl_reads_it_from_a_file():
     import stat
 
-    from helpers.config import state_dir
+    from helpers.settings import state_dir
 
     key = serving_support.api_key()
     for path in (state_dir() / serving_support.KEY_FILE, serving_support.curl_header_file()):

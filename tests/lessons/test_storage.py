@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import listing, storage, upload, upload_support
-from helpers.config import ConfigError, ParameterError, Settings
 from helpers.mnist import load_mnist
+from helpers.settings import ParameterError, Settings, SettingsError
 
 SMOKE = 30  # 30 training + 50 validation (both under train/) + 100 test objects
 
@@ -229,7 +229,7 @@ def test_missing_bucket_and_missing_manifest(client, bucket):
 
 
 def test_no_object_store_configured():
-    with pytest.raises(ConfigError, match="S3_ENDPOINT"):
+    with pytest.raises(SettingsError, match="S3_ENDPOINT"):
         storage.get_client(Settings())
 
 

@@ -196,7 +196,7 @@ def test_an_object_store_outage_mid_sweep_is_one_line(settings, arrays, tmp_path
     import time
 
     from helpers import notebook, storage
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
     from workshop import stack
 
     state = tmp_path / "store"

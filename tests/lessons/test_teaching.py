@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from helpers.config import project_root
+from helpers.settings import project_root
 from workshop import runner
 
 NOTEBOOKS = runner.notebook_paths()

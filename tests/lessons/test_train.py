@@ -320,7 +320,7 @@ def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_pa
 
 
 def load_private_uri(state) -> str:
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
 
     return load_settings(environ={}, stack_state=state).mlflow_tracking_uri
 
@@ -381,7 +381,7 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
     import time
 
     from helpers import interrupts, notebook
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
     from workshop import stack
 
     state = tmp_path / "store"

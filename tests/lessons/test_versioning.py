@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from helpers import lakefs_experiments as exp
 from helpers import listing, storage, tracking, training, upload, versioning
-from helpers.config import ParameterError, load_settings
+from helpers.settings import ParameterError, load_settings
 from tests.suite.mnist_buckets import lakefs_images, uploaded_bucket
 
 SMOKE = 240  # 240 training, 400 validation and 800 test images: 1,440 objects

@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path.cwd()
 sys.path.insert(0, str(HERE))
 
-from helpers.config import load_settings  # noqa: E402 - this learner's checkout first
+from helpers.settings import load_settings  # noqa: E402 - this learner's checkout first
 
 
 def http(url: str, method: str = "GET", headers: dict[str, str] | None = None,

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.config import load_settings, project_root
+from helpers.settings import load_settings, project_root
 
 USER_PREFIX = "tutorial-room-"
 URL_LINE = re.compile(r"\s{2}(JupyterLab|Ray dashboard|MLflow|lakeFS)\s+(\S+)(?: \(signs this browser in to (\S+)\))?")

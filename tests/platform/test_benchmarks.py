@@ -134,7 +134,7 @@ def test_notebook_06_s_benchmarks_start_the_lakefs_double_where_no_lakefs_answer
     silent = dataclasses.replace(settings, lakefs_endpoint=nobody)
     with common.lakefs_or_double(silent) as lakefs:
         assert "double" in lakefs and os.environ["LAKEFS_ENDPOINT"] != nobody
-        from helpers.config import load_settings
+        from helpers.settings import load_settings
 
         versioning.connect(load_settings(), timeout=3.0)  # the double answers where the notebook will look
     assert os.environ["LAKEFS_ENDPOINT"] == nobody  # put back as it was

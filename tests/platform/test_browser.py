@@ -30,7 +30,7 @@ import psutil
 import pytest
 
 from helpers import stack_ray
-from helpers.config import project_root
+from helpers.settings import project_root
 from workshop import stack
 
 REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"

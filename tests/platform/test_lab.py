@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from helpers import stack_ray
-from helpers.config import project_root
+from helpers.settings import project_root
 from workshop import lab as lab_module
 from workshop import processes, stack
 

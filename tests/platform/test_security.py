@@ -200,7 +200,7 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
     import time
 
     from helpers import stack_ray
-    from helpers.config import project_root
+    from helpers.settings import project_root
     from workshop import ray_service, stack
 
     assert stack_ray.refuses_clients_without_token(stack_ray.read_service(state)["address"])  # the session's

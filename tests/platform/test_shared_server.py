@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.config import load_settings, project_root
+from helpers.settings import load_settings, project_root
 from tests.platform.rooms import Room, make_room, start_lab, stop_room
 from tests.suite.machine_share import run_folder, whole_machine
 from tests.suite.secrets_scan import on_command_lines, stack_secrets

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from helpers import listing, storage, upload
-from helpers.config import load_settings
+from helpers.settings import load_settings
 from workshop import lakefs_binary, processes, stack
 
 
@@ -502,7 +502,7 @@ assert host == "127.0.0.1" and cfg["database"]["type"] == "local" and cfg["stats
 assert cfg["security"] == {{"audit_check_url": "", "check_latest_version": False}}
 s3 = cfg["blockstore"]["s3"]
 assert cfg["blockstore"]["type"] == "s3" and s3["force_path_style"] is True
-from helpers.config import Settings
+from helpers.settings import Settings
 from tests.fakes.lakefs_double import LakeFSServer
 settings = Settings(s3_endpoint=s3["endpoint"], s3_access_key=s3["credentials"]["access_key_id"],
                     s3_secret_key=s3["credentials"]["secret_access_key"])
@@ -514,7 +514,7 @@ server.serve_forever()
 
 def fake_lakefs(version: str = lakefs_binary.LAKEFS_VERSION) -> str:
     """A stand-in ``lakefs`` binary: answers ``--version``, and ``run --config`` starts the API double."""
-    from helpers.config import project_root
+    from helpers.settings import project_root
 
     return FAKE_LAKEFS.format(python=sys.executable, root=str(project_root()), version=version)
 

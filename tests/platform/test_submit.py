@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from helpers import worker_metrics
-from helpers.config import project_root
+from helpers.settings import project_root
 from workshop import lab, processes, stack
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick

@@ -58,7 +58,7 @@ def session_stack() -> Path | None:
         return None
     import mlflow
 
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
     from workshop import stack
 
     if os.environ.get(REUSE_STACK_ENV):  # another test process's running stack: used, neither started nor stopped
@@ -85,7 +85,7 @@ def session_lakefs() -> str:
     if "lakefs" in _SESSION:
         return _SESSION["lakefs"]  # type: ignore[return-value]
     session_stack()
-    from helpers.config import load_settings
+    from helpers.settings import load_settings
     from tests.fakes.lakefs_double import LakeFSServer
 
     if load_settings().lakefs_endpoint:  # LAKEFS_ENDPOINT, or a lakefs binary the stack found and started

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from helpers.config import project_root
+from helpers.settings import project_root
 from tests.suite.suite_timings import NBVAL_UNIT, unit_of
 
 PROBES = {

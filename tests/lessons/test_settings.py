@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.config import ConfigError, Settings, load_settings
+from helpers.settings import Settings, SettingsError, load_settings
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ def test_seed_variable_names_are_accepted(root):
 def test_https_endpoint_is_secure_and_flag_parsed(root):
     assert load(root, {"S3_ENDPOINT": "https://s3.example:443"}).s3_secure is True
     assert load(root, {"S3_ENDPOINT": "h:1", "S3_SECURE": "yes"}).s3_url == "https://h:1"
-    with pytest.raises(ConfigError, match="S3_SECURE"):
+    with pytest.raises(SettingsError, match="S3_SECURE"):
         load(root, {"S3_SECURE": "maybe"})
 
 
@@ -65,13 +65,13 @@ def test_secrets_never_in_repr_or_description(root):
 
 
 def test_missing_object_store_names_the_fix():
-    with pytest.raises(ConfigError, match="workshop.stack up"):
+    with pytest.raises(SettingsError, match="workshop.stack up"):
         Settings().require_object_store()
 
 
 def test_bad_credentials_json_is_one_clear_error(root):
     (root / "credentials.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="credentials.json is not valid JSON .*: line 1 column 2"):
+    with pytest.raises(SettingsError, match="credentials.json is not valid JSON .*: line 1 column 2"):
         load(root)
 
 
@@ -83,7 +83,7 @@ def test_credentials_json_next_to_the_notebook_is_read_and_a_truncated_one_named
     settings = load(root)
     assert settings.s3_endpoint == "nb-host:9000" and settings.sources["s3_endpoint"] == "credentials.json:MINIO_URL"
     (notebooks / "credentials.json").write_text('{"url": "nb-host:9000",\n "accessKey": "k", "secr')  # cut short
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(SettingsError) as err:
         load(root)
     assert str(err.value).startswith("notebooks/credentials.json is not valid JSON")  # named from the project root
     assert "line 2 column" in str(err.value) and "delete it to use the embedded stack" in str(err.value)
@@ -98,4 +98,4 @@ def test_a_notebook_with_a_truncated_credentials_json_beside_it_stops_in_one_lin
     (tmp_path / "credentials.json").write_text('{"url": "http://127.0.0.1:9000", "accessKey": ')
     result = runner.execute(Path(notebook), tmp_path / "out.ipynb")
     assert result.status == "failed", result.message
-    assert result.message.startswith(f"ConfigError: {tmp_path / 'credentials.json'} is not valid JSON")
+    assert result.message.startswith(f"SettingsError: {tmp_path / 'credentials.json'} is not valid JSON")

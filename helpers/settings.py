@@ -55,7 +55,7 @@ ENV_NAMES: dict[str, tuple[str, ...]] = {
 _SECRET_FIELDS = {"s3_access_key", "s3_secret_key", "mlflow_password", "lakefs_access_key", "lakefs_secret_key"}
 
 
-class ConfigError(TutorialError, ValueError):
+class SettingsError(TutorialError, ValueError):
     """A setting is missing or malformed; the message says which and how to fix it."""
 
 
@@ -158,9 +158,9 @@ class Settings:
                 os.environ.setdefault(name, value)
 
     def require_object_store(self) -> None:
-        """Raise :class:`ConfigError` naming the fix when the object store is not configured."""
+        """Raise :class:`SettingsError` naming the fix when the object store is not configured."""
         if not self.s3_endpoint or not self.s3_access_key or not self.s3_secret_key:
-            raise ConfigError(
+            raise SettingsError(
                 "No object store is configured. Start the embedded one with "
                 "`python -m workshop.stack up` (or `make stack-up`), or set S3_ENDPOINT, "
                 "S3_ACCESS_KEY and S3_SECRET_KEY (see .env.example)."
@@ -204,7 +204,7 @@ def _parse_bool(name: str, raw: str) -> bool:
         return True
     if text in {"0", "false", "no", "off", ""}:
         return False
-    raise ConfigError(f"{name}={raw!r} is not a boolean: use true or false.")
+    raise SettingsError(f"{name}={raw!r} is not a boolean: use true or false.")
 
 
 def credentials_file(root: Path) -> Path | None:
@@ -227,7 +227,7 @@ def _credentials_json(path: Path | None, root: Path) -> dict[str, str]:
     """Read the original article's credentials.json shape into our variable names.
 
     Raises:
-        ConfigError: the file is not valid JSON (the message names it, with the line and column).
+        SettingsError: the file is not valid JSON (the message names it, with the line and column).
     """
     if path is None:
         return {}
@@ -235,10 +235,10 @@ def _credentials_json(path: Path | None, root: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ConfigError(f"{shown} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno}); fix it, "
+        raise SettingsError(f"{shown} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno}); fix it, "
                           "or delete it to use the embedded stack.") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{shown} must hold a JSON object with url, accessKey and secretKey; fix or delete it.")
+        raise SettingsError(f"{shown} must hold a JSON object with url, accessKey and secretKey; fix or delete it.")
     mapping = {"url": "MINIO_URL", "accessKey": "MINIO_ACCESS_KEY", "secretKey": "MINIO_SECRET_ACCESS_KEY"}
     return {env: str(data[key]) for key, env in mapping.items() if data.get(key)}
 
@@ -265,7 +265,7 @@ def load_settings(
         The settings, with ``sources`` telling where each value came from.
 
     Raises:
-        ConfigError: a value is malformed (for example ``S3_SECURE=maybe``).
+        SettingsError: a value is malformed (for example ``S3_SECURE=maybe``).
     """
     environ = os.environ if environ is None else environ
     root = root or project_root()
