@@ -207,7 +207,9 @@ def test_an_interrupted_pipeline_is_one_line_and_its_actors_stop(settings, inter
                                   "run the cell again.")
     mine = seen["ObjectPreprocessor"] - before
     assert mine, "the pipeline's actors, seen while it ran"
-    assert gone_within("ObjectPreprocessor", 30, among=mine), "the pipeline's actors stopped"
+    # Ray Data releases the pool's actors on an interrupt (it does not kill them): each exits once the batches
+    # already sent to it are done, which on two busy cores has taken over 30 s.
+    assert gone_within("ObjectPreprocessor", 90, among=mine), "the pipeline's actors stopped"
 
 
 def test_ray_train_still_hands_its_controller_to_the_method_stop_cleanly_replaces():
