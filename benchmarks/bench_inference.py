@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{args.bucket}/{inference.PREDICTIONS_PREFIX}/bench-{uuid.uuid4().hex[:8]}", filesystem=filesystem)
             ray_times.append(time.perf_counter() - started)
             started = time.perf_counter()
-            inference.predict_in_driver(some_keys, some_labels, args.bucket, mlflow.pytorch.load_model(uri))
+            inference.predict_in_driver(some_keys, some_labels, args.bucket, mlflow.pytorch.load_model(uri), settings)
             driver_times.append(time.perf_counter() - started)
         ray_s, driver_s = statistics.median(ray_times), statistics.median(driver_times)
         faster = "Ray Data" if ray_s < driver_s else "driver"

@@ -179,7 +179,7 @@ def main() -> None:
     client = MlflowClient(settings.mlflow_tracking_uri)
     if champion_model(client, args.registered_model) is None:
         print(hold_champion_rule(client, args.registered_model, "mnist", 600, "bench_serve.py",
-                                 args.training_experiment))
+                                 args.training_experiment, settings=settings))
     version, model_uri = resolve_alias(client, args.registered_model)
     HEADERS.update(serving_support.auth_headers())
     bodies = request_bodies()

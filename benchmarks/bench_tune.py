@@ -30,7 +30,7 @@ def sweep(settings, bucket: str, arrays, args, scheduler: str | None) -> dict:
         results = tuner.fit()
     seconds = time.perf_counter() - started
     best = results.get_best_result(metric=sweeps.METRIC, mode=sweeps.MODE, scope="last")  # as notebook 05
-    net, _ = training.load_checkpoint(sweeps.last_checkpoint(best))
+    net, _ = training.load_checkpoint(sweeps.last_checkpoint(best, settings))
     return {"table": results.get_dataframe(), "seconds": seconds,
             "best_validation_accuracy": float(best.metrics[sweeps.METRIC]),
             "test_accuracy": training.accuracy(training.predict(net, arrays["x_test"]), arrays["y_test"])}

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from helpers.champion_candidates import ModelChoice, accuracies, day_models
-from helpers.settings import check_count, load_settings
+from helpers.settings import Settings, check_count, load_settings
 from helpers.inference_support import train_first
 from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dataset
@@ -40,11 +40,11 @@ def champion_model(mlflow_client, name: str) -> ModelChoice | None:
 
 
 # From notebooks/07_batch_inference.ipynb, cell 10 (id 9c973f90).
-def validation_images(bucket: str, smoke_test_size: int) -> tuple[np.ndarray, np.ndarray]:
+def validation_images(bucket: str, smoke_test_size: int, settings: Settings) -> tuple[np.ndarray, np.ndarray]:
     """Notebook 02's validation images of a bucket (at a smoke size), decoded in the driver, with their labels."""
-    x_train, y_train, *_ = get_train_test_data(bucket, smoke_test_size, "manifest")
+    client = get_client(settings)
+    x_train, y_train, *_ = get_train_test_data(bucket, smoke_test_size, "manifest", client)
     keys, labels = split_validation(x_train, y_train)[1]
-    client = get_client()
     with ThreadPoolExecutor(16) as pool:
         images = decode_images(list(pool.map(lambda key: read_object(client, bucket, key), keys)))
     return images, np.asarray(labels)
@@ -52,7 +52,8 @@ def validation_images(bucket: str, smoke_test_size: int) -> tuple[np.ndarray, np
 
 # From notebooks/07_batch_inference.ipynb, cell 12 (id 1a672cea).
 def hold_champion_rule(client, name: str, bucket: str, smoke_test_size: int, registered_by: str,
-                       training_experiment: str = "mnist-ray-train", sweep_experiment: str = "mnist-tune") -> str:
+                       training_experiment: str = "mnist-ray-train", sweep_experiment: str = "mnist-tune", *,
+                       settings: Settings) -> str:
     """Notebook 06's champion rule where 06 did not run: the day's models against ``@champion``, on validation.
 
     Returns one line saying what it did: nothing (a tie, or worse), or which version is now ``@champion``.
@@ -64,7 +65,7 @@ def hold_champion_rule(client, name: str, bucket: str, smoke_test_size: int, reg
         day = day_models(client, training_experiment, sweep_experiment)
     if not day:
         return f"@champion stays {champion.source}: no model of the day to compare it with"
-    images, labels = validation_images(bucket, smoke_test_size)
+    images, labels = validation_images(bucket, smoke_test_size, settings)
     if champion is not None:
         day["champion"] = champion
     scores, n = accuracies(day, images, labels), len(labels)
@@ -114,9 +115,10 @@ def predict_pointers(keys, labels, bucket: str, model_uri: str, num_actors: int 
 
 
 # From notebooks/07_batch_inference.ipynb, cell 29 (id 224c2041).
-def predict_in_driver(keys, labels, bucket: str, net: nn.Module, threads: int = 16) -> dict[str, np.ndarray]:
+def predict_in_driver(keys, labels, bucket: str, net: nn.Module, settings: Settings,
+                      threads: int = 16) -> dict[str, np.ndarray]:
     """The same predictions without Ray: objects fetched by a thread pool, decoded and predicted in this process."""
-    client = get_client(load_settings(), max_connections=threads)
+    client = get_client(settings, max_connections=threads)
     with ThreadPoolExecutor(threads) as pool:
         bodies = list(pool.map(lambda key: read_object(client, bucket, key), keys))
     with torch.no_grad():

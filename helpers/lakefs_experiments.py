@@ -72,9 +72,9 @@ class ImportResult:
 
 
 # From notebooks/06_lakefs_parallel_experiments.ipynb, cell 13 (id 0bdc09e2).
-def bucket_usage(bucket: str, prefix: str = "", client=None) -> dict[str, int]:
+def bucket_usage(bucket: str, settings: Settings, prefix: str = "") -> dict[str, int]:
     """Objects and bytes stored under ``prefix`` of ``bucket`` (an import copies nothing)."""
-    client = client or get_client()
+    client = get_client(settings)
     objects = size = 0
     with object_store_errors(client, bucket):
         for obj in client.list_objects(bucket, prefix=prefix or None, recursive=True):

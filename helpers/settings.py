@@ -236,7 +236,7 @@ def _credentials_json(path: Path | None, root: Path) -> dict[str, str]:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise SettingsError(f"{shown} is not valid JSON ({err.msg}: line {err.lineno} column {err.colno}); fix it, "
-                          "or delete it to use the embedded stack.") from None
+                            "or delete it to use the embedded stack.") from None
     if not isinstance(data, dict):
         raise SettingsError(f"{shown} must hold a JSON object with url, accessKey and secretKey; fix or delete it.")
     mapping = {"url": "MINIO_URL", "accessKey": "MINIO_ACCESS_KEY", "secretKey": "MINIO_SECRET_ACCESS_KEY"}

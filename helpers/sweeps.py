@@ -253,7 +253,7 @@ def make_tuner(trainable, param_space: dict[str, Any], search_alg, scheduler, nu
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 46 (id f6e1126c).
-def last_checkpoint(result):
+def last_checkpoint(result, settings: Settings):
     """The checkpoint of a trial's last report: the epoch whose validation accuracy ``scope="last"`` compared."""
     import ray.train
     from ray.tune.integration.ray_train import CHECKPOINT_PATH_KEY
@@ -261,7 +261,7 @@ def last_checkpoint(result):
     if result.checkpoint is not None:  # a one-process trial's: Tune keeps what it reported
         return result.checkpoint
     path = result.metrics_dataframe[CHECKPOINT_PATH_KEY].dropna().iloc[-1]  # a distributed trial's Ray Train run
-    return ray.train.Checkpoint(path, filesystem=s3_filesystem())
+    return ray.train.Checkpoint(path, filesystem=s3_filesystem(settings))
 
 
 # From notebooks/05_tune_sweeps.ipynb, cell 48 (id cc1f87a8).

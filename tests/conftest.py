@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.suite.session import session_lakefs, session_stack
-
 pytest_plugins = ["tests.suite.session", "tests.suite.suite_timings"]
 
 
@@ -18,6 +16,7 @@ pytest_plugins = ["tests.suite.session", "tests.suite.suite_timings"]
 def settings():
     """Settings pointing at the session's object store and MLflow."""
     from helpers.settings import load_settings
+    from tests.suite.session import session_stack
 
     session_stack()
     return load_settings()
@@ -26,6 +25,8 @@ def settings():
 @pytest.fixture(scope="session")
 def lakefs_kind() -> str:
     """Which lakeFS the session uses: "real" (LAKEFS_ENDPOINT was set) or "double" (the test double)."""
+    from tests.suite.session import session_lakefs
+
     return session_lakefs()
 
 

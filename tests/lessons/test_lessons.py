@@ -1,7 +1,6 @@
 """The lessons live in the notebooks: each shows the calls it teaches; helpers' lesson modules are exported from it."""
 
 import ast
-import inspect
 import json
 import os
 import re
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers import preprocess
 from helpers.settings import project_root
 from workshop import export, runner
 
@@ -144,7 +142,7 @@ def python_files(package: str) -> list[Path]:
 
 
 # Every line of helpers/, generated modules included: 8,988 before the platform moved out to workshop/.
-HELPERS_LINES = 6216  # - 4: the lessons take their caller's settings, and load_datasets its Ray
+HELPERS_LINES = 6218  # the lessons take their caller's settings (+2 lines of signatures), and load_datasets its Ray
 
 
 def test_helpers_hold_what_the_notebooks_import_and_stay_thin():
@@ -279,8 +277,21 @@ def test_reading_data_starts_no_ray():
               and (getattr(node.func, "id", "") == "init_ray" or getattr(node.func, "attr", "") in ("init_ray", "init")
                    and getattr(node.func.value, "id", "") in ("ray", "cluster"))]
     assert not starts, f"helpers/preprocess.py starts Ray at lines {starts}"
-    load_datasets = inspect.signature(preprocess.load_datasets).parameters["settings"]
-    assert load_datasets.default is inspect.Parameter.empty, "the caller's settings, passed once, not re-read"
+
+
+def test_a_lesson_function_takes_its_caller_s_settings_and_reads_none_again():
+    """A notebook reads its settings once; no lesson function has a default for them or falls back to reading them."""
+    for module in export.EXPORTS.values():
+        tree = ast.parse((project_root() / "helpers" / f"{module}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                defaults = dict(zip([a.arg for a in args.args][len(args.args) - len(args.defaults):], args.defaults,
+                                    strict=True))
+                defaults |= {a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None}
+                assert "settings" not in defaults, f"helpers/{module}.py: {node.name}(settings=...) has a default"
+            if isinstance(node, ast.BoolOp) and any("load_settings" in ast.unparse(v) for v in node.values):
+                raise AssertionError(f"helpers/{module}.py:{node.lineno}: {ast.unparse(node)} reads them again")
 
 
 def test_one_checkpoint_format_and_one_loader():

@@ -125,14 +125,14 @@ def test_without_lakefs_the_champion_rule_crowns_the_best_of_the_day_and_a_tie_k
     from helpers.inference import champion_model, hold_champion_rule, validation_images
 
     name, none = f"t-rule-{uuid.uuid4().hex[:8]}", f"t-rule-none-{uuid.uuid4().hex[:8]}"
-    images, labels = validation_images(served.bucket, SMOKE)
+    images, labels = validation_images(served.bucket, SMOKE, settings)
     assert len(labels) == 1000
     mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
     with mlflow.start_run(experiment_id=served.mlflow.create_experiment(name)):
         leftover = training.log_torch_model(training.build_model("mlp", [32]), images[:5]).model_uri
     serving_support.register_as(served.mlflow, name, ModelChoice(leftover, "an untrained network"), "champion")
     said = hold_champion_rule(served.mlflow, name, served.bucket, SMOKE, "notebook 07", served.training_experiment,
-                              none)
+                              none, settings=settings)
     assert said.startswith("@champion is now version 2, registered by notebook 07: the best of the day"), said
     champion = champion_model(served.mlflow, name)
     assert champion.source == f"{name} version 2 (@champion, registered by notebook 07)"
@@ -140,7 +140,7 @@ def test_without_lakefs_the_champion_rule_crowns_the_best_of_the_day_and_a_tie_k
     scores = champion_candidates.accuracies({**day, "champion": champion}, images, labels)
     assert scores["champion"] >= scores["notebook 04"]  # at least as accurate on validation as 04's model
     again = hold_champion_rule(served.mlflow, name, served.bucket, SMOKE, "notebook 08", served.training_experiment,
-                               none)
+                               none, settings=settings)
     assert again.startswith(f"@champion stays {name} version 2") and "not clearly better" in again, again
     assert served.mlflow.get_model_version_by_alias(name, "champion").version == "2"
 

@@ -35,7 +35,7 @@ def run_sweep(settings, bucket, arrays, num_samples, max_concurrent, searcher="h
     client.set_terminated(parent)
     assert not results.errors, results.errors
     best = results.get_best_result(metric=sweeps.METRIC, mode=sweeps.MODE, scope="last")  # as notebook 05
-    net, _ = training.load_checkpoint(sweeps.last_checkpoint(best))
+    net, _ = training.load_checkpoint(sweeps.last_checkpoint(best, settings))
     history = {r.metrics["trial_id"]: list(zip(r.metrics_dataframe["training_iteration"].astype(int),
                                                r.metrics_dataframe[sweeps.METRIC], strict=True)) for r in results}
     return SimpleNamespace(table=results.get_dataframe(), history=history, parent_run_id=parent,

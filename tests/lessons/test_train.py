@@ -241,6 +241,7 @@ def test_training_data_is_shuffled_not_sorted_by_label(settings, client):
     try:
         x, y, *_ = listing.get_train_test_data(name, client=client)  # key order: all zeros first
         assert y[:50] == [0] * 50
+        cluster.init_ray(settings)  # load_datasets reads on the caller's Ray
         train_ds, _, _ = preprocess.load_datasets(name, 0, settings)
         _, labels = preprocess.dataset_to_numpy(train_ds)
         assert len(set(labels[:60].tolist())) >= 8, "the first batch holds most digits"

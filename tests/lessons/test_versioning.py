@@ -50,7 +50,7 @@ def repo(lk_settings, source_bucket):
 
 @pytest.fixture(scope="module")
 def imported(repo, source_bucket, client, lk_settings):
-    before = exp.bucket_usage(source_bucket, client=client)
+    before = exp.bucket_usage(source_bucket, lk_settings)
     result = exp.import_from_bucket(repo, source_bucket, settings=lk_settings)
     return before, result
 
@@ -60,11 +60,11 @@ def experiments(repo, imported, lk_settings):
     return exp.run_experiments(repo, GRID, START, EXPERIMENT, lk_settings)
 
 
-def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported, source_bucket, client):
+def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported, source_bucket, client, lk_settings):
     before, result = imported
     keys = [k for k in listing.list_objects_parallel(source_bucket, client=client) if k.startswith(("train/", "test/"))]
     assert result.objects == len(keys) == 1440 and not result.reused
-    assert exp.bucket_usage(source_bucket, client=client) == before  # nothing copied into the bucket
+    assert exp.bucket_usage(source_bucket, lk_settings) == before  # nothing copied into the bucket
     assert exp.list_paths(repo, exp.INGEST_BRANCH, "") == sorted(keys)
     key = keys[7]
     stat = repo.ref(exp.INGEST_BRANCH).object(key).stat()
