@@ -115,7 +115,10 @@ def remove_superseded(filesystem, base: str, current_file: str) -> list[str]:
     previous = next((v for v in reversed(older) if is_complete(filesystem, f"{base}/{v}")), None)
     gone = [v for v in older if v != previous]
     for version in gone:
-        filesystem.delete_dir(f"{base}/{version}")
+        try:
+            filesystem.delete_dir(f"{base}/{version}")
+        except FileNotFoundError:
+            pass  # a packing running beside this one removed it first: what was wanted is done
     return gone
 
 

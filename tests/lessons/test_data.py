@@ -200,6 +200,40 @@ def test_two_packings_at_once_leave_current_naming_a_whole_folder(ray_local, dat
     assert preprocess.read_parquet_dataset(dataset_bucket, settings=settings).count() in sizes
 
 
+class RacedFilesystem:
+    """The object store's filesystem, where another packing's cleanup removes each folder just before this one does."""
+
+    def __init__(self, filesystem):
+        self.filesystem = filesystem
+        self.raced = []
+
+    def __getattr__(self, name):
+        return getattr(self.filesystem, name)
+
+    def delete_dir(self, path):
+        self.filesystem.delete_dir(path)  # the other packing, first
+        self.raced.append(path)
+        return self.filesystem.delete_dir(path)
+
+
+def test_a_cleanup_that_finds_its_superseded_folders_already_gone_finishes(bucket, client, settings):
+    client.make_bucket(bucket)
+    filesystem = storage.s3_filesystem(settings)
+    base = f"{bucket}/packed/train"
+    versions = ["20261201-000000-000000", "20261202-000000-000000", "20261203-000000-000000",
+                "20261204-000000-000000"]
+    for version in versions:
+        with filesystem.open_output_stream(f"{base}/{version}/part-0.parquet") as out:
+            out.write(b"shard")
+        storage.mark_complete(filesystem, f"{base}/{version}")
+    with filesystem.open_output_stream(f"{base}/CURRENT") as out:
+        out.write(versions[-1].encode())
+    raced = RacedFilesystem(filesystem)
+    assert preprocess_support.remove_superseded(raced, base, "CURRENT") == versions[:2]
+    assert raced.raced == [f"{base}/{v}" for v in versions[:2]]
+    assert packed_folders(client, bucket) == {"CURRENT", *versions[2:]}
+
+
 @pytest.mark.parametrize("call", [
     lambda: preprocess.preprocess_with_actors(None, "b", num_actors=0),
     lambda: preprocess.preprocess_with_actors(None, "b", threads=-1),
