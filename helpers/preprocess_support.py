@@ -2,7 +2,7 @@
 
 * a logger that stamps every line with the process id, so a learner can see which process (a task, or
   one of the actors) fetched which batch;
-* a named Ray actor that counts the objects the workers skipped (``skip_bad=True``), so the driver can
+* a named Ray actor that counts the objects the workers skipped (``skip_counter_name=...``), so the driver can
   report them by name after the job;
 * the bookkeeping of packed versions: of two packings at once the one started last is swapped in, and
   only folders that no reader or packing can still need are deleted.
