@@ -113,11 +113,6 @@ def repository(name: str, value: object) -> None:
     check_repository_name(value)
 
 
-def seed(name: str, value: object) -> None:
-    """A random seed: a whole number from 0."""
-    check_count(name, value, 2**32 - 1, minimum=0)
-
-
 def seconds(most: float) -> Check:
     """A wait in seconds: a number from 0 up to ``most``."""
     def check(name: str, value: object) -> None:
@@ -125,13 +120,6 @@ def seconds(most: float) -> Check:
                 or not 0 <= value <= most:
             raise ParameterError(f"{name} must be a number of seconds from 0 to {most:g}, not {value!r}.")
     return check
-
-
-def tolerance(name: str, value: object) -> None:
-    """A difference of accuracies: a number from 0 up to 1."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-            or not 0 <= value < 1:
-        raise ParameterError(f"{name} must be a number from 0 up to (not including) 1, not {value!r}.")
 
 
 COMMON = {"bucket": bucket, "smoke_test_size": smoke_size}
@@ -147,10 +135,10 @@ PARAMETERS: dict[str, dict[str, Check]] = {
            "live": flag},
     "05": {**COMMON, "num_samples": count(10_000), "max_concurrent": count(1024),
            "searcher": one_of("hyperopt", "optuna"), "scheduler": optional(one_of("asha")),
-           "epochs": count(10_000), "seed": seed, "num_workers": count(1024, minimum=0), "experiment": text,
-           "live": flag},
+           "epochs": count(10_000), "seed": count(2**32 - 1, minimum=0), "num_workers": count(1024, minimum=0),
+           "experiment": text, "live": flag},
     "06": {**COMMON, "repo_name": repository, "optimizers": list_of(one_of("adam", "sgd"), '["adam", "sgd"]'),
-           "epochs": list_of(count(10_000), "[5, 10]"), "max_concurrent": count(1024), "tolerance": tolerance,
+           "epochs": list_of(count(10_000), "[5, 10]"), "max_concurrent": count(1024), "tolerance": fraction,
            "experiment": text, "registered_model": text, "training_experiment": text, "sweep_experiment": text},
     "07": {**COMMON, "model_uri": model_uri, "registered_model": text, "training_experiment": text,
            "sweep_experiment": text, "num_actors": count(1024), "batch_size": count(100_000), "use_gpu": flag,

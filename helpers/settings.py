@@ -18,6 +18,8 @@ cluster needs environment variables only.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -69,8 +71,6 @@ def check_count(name: str, value: object, maximum: int, minimum: int = 1) -> int
     Thread, worker, actor and epoch counts all go through here, before any I/O: a pool of
     size 0 would otherwise wait forever for a free slot.
     """
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise ParameterError(f"{name} must be a whole number from {minimum} to {maximum:,}, not {value!r}.")
     if not minimum <= value <= maximum:
@@ -80,9 +80,6 @@ def check_count(name: str, value: object, maximum: int, minimum: int = 1) -> int
 
 def check_positive(name: str, value: object, maximum: float | None = None) -> float:
     """``value`` as a float when it is a number above 0 (and at most ``maximum``), else one :class:`ParameterError`."""
-    import math
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ParameterError(f"{name} must be a number above 0, not {value!r}.")
     if value <= 0 or (maximum is not None and value > maximum):
@@ -93,8 +90,6 @@ def check_positive(name: str, value: object, maximum: float | None = None) -> fl
 
 def check_fraction(name: str, value: object) -> float:
     """``value`` as a float when it is a number from 0 up to (not including) 1, else one :class:`ParameterError`."""
-    import numbers
-
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
         raise ParameterError(f"{name} must be a number from 0 up to (not including) 1, not {value!r}.")
     return float(value)

@@ -282,9 +282,7 @@ def smoke_sizes(smoke_test_size: int) -> tuple[int, int, int]:
             f"smoke_test_size={smoke_test_size} is out of range: use 0 for the full data set "
             f"or a number of training images between 1 and {FIRST_VALIDATION_ID:,}."
         )
-    if smoke_test_size == 0:
-        return FIRST_VALIDATION_ID, TRAIN_SIZE - FIRST_VALIDATION_ID, TEST_SIZE
-    n = int(smoke_test_size)
+    n = int(smoke_test_size) or FIRST_VALIDATION_ID  # 0: every training image, and so the most of the others
     return n, min(TRAIN_SIZE - FIRST_VALIDATION_ID, -(-n * 5 // 3)), min(TEST_SIZE, -(-n * 10 // 3))
 
 

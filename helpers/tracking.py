@@ -216,14 +216,6 @@ GIT_DIRTY_TAG = "git.dirty"  # "true" when the working tree held changes the com
 GIT_DIFF_TAG = "git.diff_sha256"  # a hash of those changes, so two dirty runs can be told apart
 
 
-def git_commit() -> str | None:
-    """The commit of the repository this code runs from (None outside a git checkout)."""
-    from helpers import code_version
-
-    state = code_version.current()
-    return state.commit if state else None
-
-
 def lineage_tags() -> dict[str, str]:
     """The code a run ran: the git commit, whether the tree had changes, and their hash ({} outside a checkout).
 
@@ -250,13 +242,6 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     from mlflow.tracking import MlflowClient
 
     return sorted((m.step, m.value) for m in MlflowClient(uri).get_metric_history(run_id, key))
-
-
-def run_metrics(uri: str, run_id: str) -> dict[str, float]:
-    """The latest value of every metric of a run."""
-    from mlflow.tracking import MlflowClient
-
-    return dict(MlflowClient(uri).get_run(run_id).data.metrics)
 
 
 def end_trial_runs_callback():

@@ -27,7 +27,7 @@ from minio import Minio
 from minio.error import S3Error
 
 from helpers.settings import ParameterError
-from helpers.storage import StorageError, object_store_errors, translate_error
+from helpers.storage import ObjectMissing, StorageError, object_store_errors, read_object, translate_error
 
 APPEND_MARKER_KEY = "_manifest/append-in-progress.json"
 _APPEND_NAMESPACE = uuid.UUID("6f1d1c1e-2b7a-4f0e-9d1e-3c5a7b9e0f42")
@@ -40,22 +40,15 @@ def append_object_id(append_round: str, split: str, index: int) -> str:
 
 def _read_marker(client: Minio, bucket: str) -> dict | None:
     try:
-        response = client.get_object(bucket, APPEND_MARKER_KEY)
-    except S3Error as err:
-        if err.code == "NoSuchKey":
-            return None
-        raise
-    try:
-        marker = json.loads(response.read())
+        marker = json.loads(read_object(client, bucket, APPEND_MARKER_KEY))
         return {k: marker[k] for k in ("round", "smoke_test_size", "image_format")}
+    except ObjectMissing:
+        return None
     except (ValueError, TypeError, KeyError):
         raise StorageError(
             f"The append marker {APPEND_MARKER_KEY} in bucket '{bucket}' is damaged. Delete it "
             f"(client.remove_object({bucket!r}, {APPEND_MARKER_KEY!r})) and run again: the unfinished "
             "round's objects stay, and a new round starts.") from None
-    finally:
-        response.close()
-        response.release_conn()
 
 
 def start_or_resume_append(client: Minio, bucket: str, smoke_test_size: int,

@@ -128,7 +128,7 @@ def test_mlflow_run_and_lakefs_commit_point_at_each_other(repo, experiments, lk_
         run = MlflowClient(uri).get_run(result.mlflow_run_id)
         assert run.data.tags["lakefs.commit"] == result.commit_id
         assert run.data.tags["lakefs.branch"] == result.branch and run.data.tags["lakefs.repository"] == repo.id
-        logged = tracking.run_metrics(uri, result.mlflow_run_id)
+        logged = run.data.metrics
         assert logged["val_accuracy"] == result.metrics["val_accuracy"] and "test_accuracy" not in logged
         data = result.params["data_commit"]
         sources = {i.dataset.name: json.loads(i.dataset.source)["uri"] for i in run.inputs.dataset_inputs}
