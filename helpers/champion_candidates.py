@@ -132,34 +132,31 @@ def check_model_uri(client, uri: str, parameter: str = "model_uri",
     from helpers.settings import ParameterError
 
     problem = None
-    try:
-        if uri.startswith("models:/") and "@" in uri:
-            name, alias = uri[len("models:/"):].split("@", 1)
-            try:
-                client.get_model_version_by_alias(name, alias)
-            except MlflowException:
-                problem = f"the registry has no model {name!r} with the alias @{alias}"
-        elif uri.startswith("models:/") and "/" in uri[len("models:/"):]:
-            name, version = uri[len("models:/"):].split("/", 1)
-            try:
-                client.get_model_version(name, version)
-            except MlflowException:
-                problem = f"the registry has no version {version!r} of a model {name!r}"
-        elif uri.startswith("models:/"):
-            try:
-                client.get_logged_model(uri[len("models:/"):])
-            except MlflowException:
-                problem = f"MLflow has no logged model {uri[len('models:/'):]!r}"
-        elif uri.startswith("runs:/"):
-            run_id = uri[len("runs:/"):].split("/", 1)[0]
-            try:
-                client.get_run(run_id)
-            except MlflowException:
-                problem = f"MLflow has no run {run_id!r}"
-        else:
-            problem = "it is neither a models:/ nor a runs:/ URI"
-    except MlflowException as err:  # the server refused for another reason: say it, in one line
-        problem = f"MLflow answered {err.error_code}"
+    if uri.startswith("models:/") and "@" in uri:
+        name, alias = uri[len("models:/"):].split("@", 1)
+        try:
+            client.get_model_version_by_alias(name, alias)
+        except MlflowException:
+            problem = f"the registry has no model {name!r} with the alias @{alias}"
+    elif uri.startswith("models:/") and "/" in uri[len("models:/"):]:
+        name, version = uri[len("models:/"):].split("/", 1)
+        try:
+            client.get_model_version(name, version)
+        except MlflowException:
+            problem = f"the registry has no version {version!r} of a model {name!r}"
+    elif uri.startswith("models:/"):
+        try:
+            client.get_logged_model(uri[len("models:/"):])
+        except MlflowException:
+            problem = f"MLflow has no logged model {uri[len('models:/'):]!r}"
+    elif uri.startswith("runs:/"):
+        run_id = uri[len("runs:/"):].split("/", 1)[0]
+        try:
+            client.get_run(run_id)
+        except MlflowException:
+            problem = f"MLflow has no run {run_id!r}"
+    else:
+        problem = "it is neither a models:/ nor a runs:/ URI"
     if problem is None:
         return uri
     raise ParameterError(f"{parameter}={uri!r} names no model: {problem}. What exists: "

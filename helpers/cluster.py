@@ -64,20 +64,6 @@ def inherited_environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def data_context_defaults() -> None:
-    """Ray Data settings every notebook wants, in this driver's ``DataContext``."""
-    import ray.data
-
-    ctx = ray.data.DataContext.get_current()
-    # A map function's own error (an object that is not an image, say) reaches the driver as itself,
-    # not wrapped in "UDF failed to process a data block": the notebooks show it in one line.
-    ctx.raise_original_map_exception = True
-    # An actor pool starts all its actors before it hands out batches, so the batches spread over every
-    # actor (by default the first actor up takes them all while the others start: one pid at smoke size).
-    # A cluster that cannot fit the pool fails after this many seconds instead of waiting for ever.
-    ctx.wait_for_min_actors_s = 120
-
-
 def quiet_ray() -> None:
     """Keep Ray's log lines, Ray Data's progress bars and execution banners out of notebook outputs."""
     import ray.data
@@ -123,9 +109,8 @@ def stack_ray_runtime_env(settings: Settings, service: dict[str, Any]) -> dict[s
     (``SMOKE_TIMINGS``), sends its own. A job with a ``runtime_env`` waits for workers of
     its own: measured 1.5-3 s more for every pipeline of actors.
     """
-    env_vars = {}
-    if stack_ray.settings_digest(settings_env(settings)) != service.get("settings"):
-        env_vars.update(settings_env(settings))
+    wanted = settings_env(settings)
+    env_vars = dict(wanted) if stack_ray.settings_digest(wanted) != service.get("settings") else {}
     spans = os.environ.get(timings.TIMINGS_ENV, "")
     if spans and spans != service.get("timings", ""):
         env_vars[timings.TIMINGS_ENV] = spans
@@ -205,26 +190,6 @@ def check_cluster(address: str, timeout: float = 25.0) -> bool:
     return loopback
 
 
-def _trial_join(address: str, loopback: bool) -> int:
-    """Join the Ray at ``address`` and leave: the child process of :func:`check_cluster`."""
-    import ray
-
-    if loopback:
-        loopback_only()
-    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-    ray.shutdown()
-    return 0
-
-
-def where_ray_runs(settings: Settings, address: str | None = None) -> tuple[str, dict[str, Any] | None]:
-    """``(address, service)``: the cluster, the stack's Ray (with its ``ray.json`` record), or ``"local"``."""
-    address = address or settings.ray_address
-    if address:
-        return address, None
-    service = stack_ray.read_service(state_dir())
-    return (service["address"], service) if service else ("local", None)
-
-
 @dataclass
 class RayConnection:
     """What ``ray.init`` needs to join (or start) the right Ray: see :func:`ray_connection`."""
@@ -244,7 +209,9 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
     :class:`RayUnavailable` in one line instead of Ray's endless retries.
     """
     settings = settings or load_settings()
-    address, service = where_ray_runs(settings, address)
+    address = address or settings.ray_address  # a cluster; else the stack's Ray (its ray.json record), or "local"
+    service = None if address else stack_ray.read_service(state_dir())
+    address = address or (service["address"] if service else "local")
     use_room_environment()  # in the driver too: Ray Data starts its usage actor from it, and it loads models
     if address == "local":
         loopback_only()
@@ -263,10 +230,18 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
 def joined(quiet: bool = True, started: float | None = None) -> dict[str, Any]:
     """After ``ray.init``: Ray Data's defaults for a laptop, Ray's log lines hidden; the cluster's resources."""
     import ray
+    import ray.data
 
     if started is not None:
         timings.record("ray start", started)
-    data_context_defaults()
+    ctx = ray.data.DataContext.get_current()
+    # A map function's own error (an object that is not an image, say) reaches the driver as itself,
+    # not wrapped in "UDF failed to process a data block": the notebooks show it in one line.
+    ctx.raise_original_map_exception = True
+    # An actor pool starts all its actors before it hands out batches, so the batches spread over every
+    # actor (by default the first actor up takes them all while the others start: one pid at smoke size).
+    # A cluster that cannot fit the pool fails after this many seconds instead of waiting for ever.
+    ctx.wait_for_min_actors_s = 120
     if quiet:
         quiet_ray()
     return ray.cluster_resources()
@@ -308,7 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("address")
     parser.add_argument("--loopback-only", action="store_true")
     args = parser.parse_args(argv)
-    return _trial_join(args.address, args.loopback_only)
+    import ray
+
+    if args.loopback_only:
+        loopback_only()
+    ray.init(address=args.address, logging_level=logging.ERROR, log_to_driver=False)
+    ray.shutdown()
+    return 0
 
 
 if __name__ == "__main__":

@@ -28,12 +28,6 @@ class CodeVersion:
     diff_sha256: str = ""
     changed: tuple[str, ...] = ()
 
-    def __str__(self) -> str:
-        if not self.dirty:
-            return f"git commit {self.commit[:12]} (a clean tree)"
-        return (f"git commit {self.commit[:12]} with uncommitted changes to {len(self.changed)} file(s) "
-                f"(diff sha256 {self.diff_sha256[:12]})")
-
 
 def _git(*args: str, root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=20)

@@ -10,7 +10,6 @@ needs and no learner has to read.
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import hashlib
 import hmac
@@ -20,6 +19,7 @@ import os
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from helpers import interrupts
+from helpers import interrupts, stack_ray
 from helpers.errors import TutorialError
+from helpers.ports import free_port_candidates, port_is_free
+from helpers.private_files import write_private
+from helpers.settings import state_dir
 
 KEY_ENV = "SERVE_API_KEY"  # a cluster's key for the endpoint; else one generated into the stack's state
 KEY_FILE = "serve-key"  # in the stack's state folder, 0600
@@ -48,19 +51,11 @@ class BadRequest(TutorialError, ValueError):
     """A request the endpoint cannot answer: the message is the one line the client gets with a 400."""
 
 
-def _state() -> Path:
-    from helpers.settings import state_dir
-
-    return state_dir()
-
-
 def api_key() -> str:
     """The endpoint's key: ``SERVE_API_KEY``, else this stack's own (generated once, kept 0600 in its state)."""
-    from helpers.private_files import write_private
-
     if os.environ.get(KEY_ENV):
         return os.environ[KEY_ENV]
-    path = _state() / KEY_FILE
+    path = state_dir() / KEY_FILE
     if not path.exists():
         write_private(path, secrets.token_urlsafe(32))
         write_private(path.with_name(CURL_HEADER_FILE), f"Authorization: Bearer {path.read_text().strip()}\n")
@@ -69,9 +64,7 @@ def api_key() -> str:
 
 def curl_header_file() -> Path:
     """A 0600 file holding the ``Authorization`` header, for ``curl -H @<file>`` (no key on a command line)."""
-    from helpers.private_files import write_private
-
-    path = _state() / CURL_HEADER_FILE
+    path = state_dir() / CURL_HEADER_FILE
     wanted = f"Authorization: Bearer {api_key()}\n"
     if not path.exists() or path.read_text() != wanted:
         write_private(path, wanted)
@@ -119,7 +112,7 @@ def parse_image(body: bytes) -> np.ndarray:
 
 
 def _decode_png(text: object, send: str) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     not_an_image = BadRequest(f"\"image\" is not a base64 PNG or JPEG. {send}")
     try:
@@ -127,7 +120,7 @@ def _decode_png(text: object, send: str) -> np.ndarray:
         image = Image.open(io.BytesIO(raw), formats=("PNG", "JPEG"))  # reads the header, decodes nothing yet
     except Image.DecompressionBombError:
         raise BadRequest(f"The image is far larger than 28x28 pixels. {send}") from None
-    except (binascii.Error, ValueError, UnidentifiedImageError, OSError):
+    except (ValueError, OSError):  # binascii.Error is a ValueError, UnidentifiedImageError an OSError
         raise not_an_image from None
     if image.size != (IMAGE_SIDE, IMAGE_SIDE):  # the declared size, checked before a pixel is decoded
         raise BadRequest(f"The image is {image.size[0]}x{image.size[1]} pixels, not 28x28. {send}")
@@ -171,11 +164,9 @@ def curl_folder(body: dict[str, Any]) -> Path:
     ``curl -H @serve-auth-header --data @request.json`` run there sends the request without the key ever
     appearing on a command line.
     """
-    from helpers.private_files import write_private
-
     curl_header_file()
-    write_private(_state() / REQUEST_FILE, json.dumps(body))
-    return _state()
+    write_private(state_dir() / REQUEST_FILE, json.dumps(body))
+    return state_dir()
 
 
 def require_resources(use_gpu: bool, num_replicas: int) -> None:
@@ -198,8 +189,6 @@ def http_port() -> int:
     """
     from ray.serve.context import _get_global_client  # no public call says the running proxy's port
 
-    from helpers.ports import free_port_candidates, port_is_free
-
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is not None and client.http_config.port:
         return int(client.http_config.port)
@@ -214,9 +203,6 @@ def check_serve_port(port: int) -> None:
     Ray's processes. A cluster's head is not shared with other users, and is not checked.
     """
     import ray
-
-    from helpers import stack_ray
-    from helpers.settings import state_dir
 
     gcs_port = int(ray.get_runtime_context().gcs_address.rpartition(":")[2])
     heads = [(stack_ray.read_service(state_dir()) or {}).get("pid"), os.getpid()]
@@ -353,10 +339,7 @@ def version_switches(versions: list[tuple[float, str]]) -> list[tuple[float, str
 
 def count_by_version(result: LoadResult) -> dict[str, int]:
     """How many answers each model version gave."""
-    counts: dict[str, int] = {}
-    for _, version in result.versions:
-        counts[version] = counts.get(version, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(version for _, version in result.versions).items()))
 
 
 def answers_by_body(result: LoadResult) -> dict[bytes, dict[str, Any]]:

@@ -214,7 +214,7 @@ def _clean_tree(root: Path) -> bool:
         print(f"error: the committed outputs come from a clean working tree, and this one is not ({where}). "
               "Commit or stash the changes, then run `make notebooks` again.", file=sys.stderr)
         return False
-    print(f"Outputs from {version}")
+    print(f"Outputs from git commit {version.commit[:12]} (a clean tree)")
     return True
 
 
