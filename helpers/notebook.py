@@ -60,14 +60,13 @@ def skip_notebook(needs: str, reason: object) -> None:
     raise NotebookSkipped(f"This notebook needs {needs} and stops here. {reason}")
 
 
-def setup(quiet: bool = True) -> None:
+def setup() -> None:
     """Prepare a notebook: keep library log noise out of the outputs and show user errors in one line."""
     timings.record("kernel start + imports", timings.process_started())
-    if quiet:
-        for name in ("urllib3", "botocore", "mlflow", "alembic", "ray", "filelock"):
-            logging.getLogger(name).setLevel(logging.WARNING)
-        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the notebooks print their links
-        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for name in ("urllib3", "botocore", "mlflow", "alembic", "ray", "filelock"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # the notebooks print their links
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     bounded_requests()  # MLflow gone mid-notebook: a call fails in seconds, not minutes
     try:
         from IPython import get_ipython

@@ -32,7 +32,7 @@ def show_digits(images: np.ndarray, labels: Sequence[int], cols: int = 8,
 
 
 def bar_chart(values: Mapping[str, float], title: str, ylabel: str, fmt: str = "{:,.0f}",
-              log: bool = False, highlight: str | None = None) -> Figure:
+              highlight: str | None = None) -> Figure:
     """Bars with their values written on top: the shape of every timing comparison (notebooks 01-03)."""
     fig, ax = plt.subplots(figsize=(min(10.0, max(4.0, 0.9 * len(values) + 1.5)), 3.2))
     names = list(values)
@@ -41,8 +41,6 @@ def bar_chart(values: Mapping[str, float], title: str, ylabel: str, fmt: str = "
     ax.bar_label(bars, labels=[fmt.format(values[n]) for n in names], fontsize=8, padding=2)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    if log:
-        ax.set_yscale("log")
     ax.margins(y=0.15)
     ax.spines[["top", "right"]].set_visible(False)
     crowded = len(names) > 6 or sum(len(n) for n in names) > 8 * len(names) + 10  # labels wider than their bars

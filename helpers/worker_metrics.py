@@ -45,14 +45,6 @@ def _process_monitor():
     return ProcessMonitor()
 
 
-def node_id(rank: int | str) -> str:
-    """``rank<r>-<first 8 characters of the Ray node's id>``: one series per worker, and where it ran."""
-    import ray
-
-    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
-    return f"rank{rank}-{node[:8]}" if isinstance(rank, int) else f"{rank}-{node[:8]}"
-
-
 def worker_system_metrics(config: dict[str, Any], rank: int | str) -> Callable[[], None]:
     """Start logging this worker's system metrics into ``config["run_id"]``; returns the call that stops it.
 
@@ -63,11 +55,14 @@ def worker_system_metrics(config: dict[str, Any], rank: int | str) -> Callable[[
     if not run_id or not uri:
         return lambda: None
     try:
+        import ray
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "local"
+        series = f"rank{rank}" if isinstance(rank, int) else rank  # one series per worker, and where it ran
         os.environ.pop("MLFLOW_SYSTEM_METRICS_NODE_ID", None)  # it would override the id given here
         monitor = SystemMetricsMonitor(run_id, sampling_interval=config.get("metrics_seconds", SAMPLING_SECONDS),
-                                       node_id=node_id(rank), tracking_uri=uri)
+                                       node_id=f"{series}-{node[:8]}", tracking_uri=uri)
         monitor.monitors.append(_process_monitor())
         monitor.start()
     except Exception as err:  # noqa: BLE001 - no psutil, no server: train without them, and say so
