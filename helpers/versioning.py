@@ -209,6 +209,8 @@ def wait_for_import(manager, sources: str, timeout: float, poll_seconds: float =
     """
     import time
 
+    from lakefs.exceptions import ConflictException
+
     deadline = time.monotonic() + timeout
     while True:
         status = manager.status()
@@ -217,7 +219,10 @@ def wait_for_import(manager, sources: str, timeout: float, poll_seconds: float =
         if status.completed:
             return status
         if time.monotonic() > deadline:
-            manager.cancel()
+            try:
+                manager.cancel()
+            except ConflictException:  # it completed since the poll above: lakeFS cancels no finished import
+                return manager.status()
             raise LakeFSError(f"importing {sources} did not finish within {timeout:.0f} s and was cancelled "
                               "(nothing was committed): run it again, with a larger timeout= for a large bucket.")
         time.sleep(poll_seconds)

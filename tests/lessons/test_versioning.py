@@ -406,6 +406,37 @@ def test_an_import_past_its_deadline_is_cancelled_and_commits_nothing(repo, sour
     assert "import_source" not in (head.metadata or {})
 
 
+class PolledJustBeforeItCompleted:
+    """An import manager whose first poll answers what lakeFS said just before the import completed."""
+
+    def __init__(self, manager, earlier_status):
+        self.manager, self.earlier = manager, earlier_status
+
+    def status(self):
+        earlier, self.earlier = self.earlier, None
+        return earlier or self.manager.status()
+
+    def cancel(self):
+        return self.manager.cancel()
+
+
+def test_an_import_that_completes_between_the_last_poll_and_the_cancel_is_kept(repo, source_bucket):
+    branch = repo.branch(f"raced-{uuid.uuid4().hex[:6]}").create(repo.properties.default_branch)
+    manager = branch.import_data(commit_message="an import that beats its deadline by a hair")
+    for prefix in ("train/", "test/"):  # the double pauses 0.05 s after each
+        manager.prefix(f"s3://{source_bucket}/{prefix}", destination=prefix)
+    manager.start()
+    earlier = manager.status()
+    if earlier.completed:
+        pytest.skip("the import completed before its first poll: there is no race to stage")
+    deadline = time.monotonic() + 60
+    while not manager.status().completed:
+        assert time.monotonic() < deadline and manager.status().error is None
+        time.sleep(0.1)
+    status = versioning.wait_for_import(PolledJustBeforeItCompleted(manager, earlier), "train/, test/", timeout=0)
+    assert status.completed and branch.get_commit().id == status.commit.id  # lakeFS refused the cancel: kept
+
+
 def test_every_lakefs_request_has_a_timeout(lk_settings):
     with socket.socket() as silent:  # accepts connections, never answers
         silent.bind(("127.0.0.1", 0))
