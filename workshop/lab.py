@@ -498,11 +498,24 @@ def jupyter_answering(port: int, notebook_dir: Path | None, log_path: Path, stat
     return jupyter
 
 
+def _jupyter_child():
+    """This lab's JupyterLab process, found by its command line (None where it has none)."""
+    import psutil
+
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[1:3] == ["-m", "jupyterlab"]:
+                return child
+    return None
+
+
 def clean_up(state: Path, jupyter: subprocess.Popen | None, sign_in_server: ThreadingHTTPServer | None,
              restore: bool) -> None:
     """Stop what the lab started and put the stack's Ray back, whatever ended the lab; no signal cuts it short."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if jupyter is None:  # a stop that came as JupyterLab started, before it was noted: it is this lab's child
+        jupyter = _jupyter_child()
     if jupyter is not None:
         stop_process(jupyter)
         (state / f"{JUPYTER_RECORD}.pid").unlink(missing_ok=True)

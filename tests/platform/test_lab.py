@@ -294,6 +294,29 @@ def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
     assert processes.remembered_process(state(), lab_module.LAB_RECORD) is None
 
 
+def test_a_stop_that_comes_before_jupyterlab_was_noted_still_stops_it(tmp_path):
+    """Ctrl-C can land between JupyterLab's start and the lab noting it: the clean-up finds it as the lab's child."""
+    port = stack.free_ports(["jupyter"])["jupyter"]
+    (tmp_path / "token").write_text(os.urandom(16).hex())
+    jupyter = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
+                                f"--ServerApp.root_dir={tmp_path}", *(["--allow-root"] if os.geteuid() == 0 else [])],
+                               env={**os.environ, "JUPYTER_TOKEN_FILE": str(tmp_path / "token")},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    handlers = {sig: signal.getsignal(sig) for sig in lab_module.STOP_SIGNALS}
+    try:
+        deadline = time.monotonic() + 60
+        while not port_open(port):
+            assert jupyter.poll() is None and time.monotonic() < deadline, "JupyterLab answers"
+            time.sleep(0.2)
+        lab_module.clean_up(tmp_path, None, None, restore=False)  # as a lab stopped before it noted JupyterLab
+        assert jupyter.wait(timeout=30) is not None and not port_open(port)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if jupyter.poll() is None:
+            jupyter.kill()
+
+
 def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_path):
     """A notebook (a `make run`, a `make catch-up`) runs on the stack's Ray: the lab would restart that Ray to add
     its dashboard and stop the notebook mid-run. It refuses, in one line naming the job, and touches nothing."""
