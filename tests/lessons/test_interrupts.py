@@ -15,6 +15,7 @@ import pytest
 
 from helpers import cluster, interrupts, notebook, preprocess, training
 from tests.suite.mnist_buckets import uploaded_bucket
+from tests.suite.ray_processes import ray_processes as processes_of_ray
 
 SMOKE = 300
 
@@ -55,26 +56,10 @@ def interrupt_in(seconds: float, seen: dict[str, set[int]] | None = None) -> thr
 
 
 def ray_processes(title: str) -> list[psutil.Process]:
-    """Live processes of the Ray this test joined whose title names a Ray actor class (``ray::...<Class>...``).
-
-    Only the descendants of this cluster's raylet count: the other test process runs its own Ray, whose
-    Ray Train runs and pipelines are none of this test's business.
-    """
+    """Live processes of the Ray this test joined whose title names a Ray actor class."""
     import ray
 
-    gcs_flag = f"--gcs-address={ray.get_runtime_context().gcs_address}"
-    found = []
-    for raylet in psutil.process_iter():
-        try:
-            if "raylet" not in raylet.name() or gcs_flag not in raylet.cmdline():
-                continue
-            for proc in raylet.children(recursive=True):
-                command = " ".join(proc.cmdline())  # "ray::TrainController...", "ray::MapWorker(...Class)..."
-                if command.startswith("ray::") and title in command and proc.status() != psutil.STATUS_ZOMBIE:
-                    found.append(proc)
-        except psutil.Error:
-            continue
-    return found
+    return processes_of_ray(ray.get_runtime_context().gcs_address, title)
 
 
 def gone_within(title: str, seconds: float, among: set[int] | None = None) -> bool:

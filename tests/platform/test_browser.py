@@ -31,6 +31,7 @@ import pytest
 
 from helpers import stack_ray
 from helpers.settings import project_root
+from tests.suite.ray_processes import ray_processes
 from workshop import stack
 
 REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
@@ -101,7 +102,6 @@ class Lab:
 
         A learner's lab runs under ``runuser``, which does not pass Ctrl-C on: the signal goes to the lab itself.
         """
-        import psutil
 
         if self.proc.poll() is None:
             labs = [p for p in psutil.Process(self.proc.pid).children(recursive=True)
@@ -396,9 +396,9 @@ def interrupt_04_in_its_fit(lab, page, settings) -> None:
         shoot(page, "lab-04-interrupted", "Fit")
     finally:
         path.write_text(original)
+    gcs_address = stack_ray.read_service(Path(os.environ["STACK_STATE_DIR"]))["address"]  # the lab's Ray, not nbval's
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and [p for p in psutil.process_iter(["cmdline"])
-                                           if "ray::RayTrainWorker" in " ".join(p.info["cmdline"] or [])]:
+    while time.monotonic() < deadline and ray_processes(gcs_address, "RayTrainWorker"):
         time.sleep(1)
     assert time.monotonic() < deadline, "Ray stopped the interrupted run's workers"
 
