@@ -24,6 +24,7 @@ way.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -66,7 +67,10 @@ def session_stack() -> Path | None:
         _SESSION["reused"] = state
     else:
         state = _SESSION["state"] = Path(tempfile.mkdtemp(prefix="stack-test-"))  # stopped at the end, even if up fails
-        stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)))
+        # Saved as the stack's own choice, not given: where the other test process's stack, starting at the same
+        # moment, takes one of them first, up moves this stack's ports instead of failing the whole session.
+        (state / "ports.json").write_text(json.dumps(stack.free_ports(list(stack.DEFAULT_PORTS))))
+        stack.up(state)
     _SESSION["state"] = state
     # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
     # as a learner's notebook finds .stack: the notebooks say "embedded stack", as in their committed outputs.
