@@ -398,6 +398,8 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
         params = {**PARAMS, "epochs": 60, "checkpoint_every": 2}
         logged = {**params, "num_workers": 2}
 
+        made = {}
+
         def fit_like_notebook_04():
             """Notebook 04's cells: reopen an interrupted run or create one, then make_trainer and fit."""
             interrupted = tracking.interrupted_run(client, experiment, logged)
@@ -410,6 +412,7 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
             config = {**params, "tracking_uri": settings.mlflow_tracking_uri, "run_id": run_id}
             trainer = training.make_trainer(config, {"train": train_ds}, 2, run_name, "ckpt/ray-results",
                                             cluster_cpus=resources["CPU"], settings=private)
+            made["trainer"] = trainer
             try:
                 with interrupts.stop_cleanly("Training", trainer=trainer):
                     return run_id, trainer.fit()
@@ -418,16 +421,15 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
                 client.set_terminated(run_id, status=tracking.end_status(error))
                 raise
 
-        def kill_after_epoch_five() -> None:  # a checkpoint (epoch 4) is in the bucket by then
+        def kill_once_epoch_four_is_checkpointed() -> None:  # as Ray Train recorded it, in the bucket
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline:
-                runs = client.search_runs([experiment])
-                if runs and any(m.step >= 5 for m in client.get_metric_history(runs[0].info.run_id, "train_loss")):
+                if "trainer" in made and (interrupts.latest_checkpoint_epoch(made["trainer"]) or 0) >= 4:
                     stack.kill_service("seaweedfs", state)
                     return
                 time.sleep(0.1)
 
-        watcher = threading.Thread(target=kill_after_epoch_five, daemon=True)
+        watcher = threading.Thread(target=kill_once_epoch_four_is_checkpointed, daemon=True)
         watcher.start()
         with pytest.raises(Exception) as failed:
             fit_like_notebook_04()
