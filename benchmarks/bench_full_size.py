@@ -32,7 +32,7 @@ from common import lakefs_or_double, print_table, summary_facts, write_results
 
 from helpers import upload
 from helpers.settings import project_root
-from workshop import stack
+from workshop import stack, stack_ports
 from workshop.runner import execute, notebook_paths
 
 # What each notebook's row keeps of its summary, beside its status and seconds.
@@ -104,7 +104,7 @@ def baseline_04(ref: str, bucket: str) -> dict:
     python = [sys.executable, "-c"]
     platform = "workshop" if (tree / "workshop").is_dir() else "helpers"  # the baseline's own stack and runner
     try:
-        ports = stack.free_ports(["s3", "mlflow", "base", "ray"])
+        ports = stack_ports.free_ports(["s3", "mlflow", "base", "ray"])
         subprocess.run([sys.executable, "-m", f"{platform}.stack", "up", "--no-lakefs", "--state-dir", str(state),
                         "--s3-port", str(ports["s3"]), "--mlflow-port", str(ports["mlflow"]), "--port-base",
                         str(ports["base"]), "--ray-port", str(ports["ray"])], cwd=tree, env=env, check=True)

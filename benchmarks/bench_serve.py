@@ -27,7 +27,7 @@ from pathlib import Path
 from common import print_table, write_results
 
 from helpers import cluster, serving_support
-from workshop import stack
+from workshop import stack, stack_ports
 
 
 def notebook_batch_size() -> int:
@@ -187,7 +187,7 @@ def main() -> None:
               "batch_wait_timeout_s": 0.01, "key_digest": serving_support.key_digest(serving_support.api_key())}
 
     rows: list[dict] = []
-    port = stack.free_ports(["plain"])["plain"]
+    port = stack_ports.free_ports(["plain"])["plain"]
     context = multiprocessing.get_context("spawn")
     ready = context.Event()
     baseline = context.Process(target=plain_server, args=(model_uri, port, ready), daemon=True)

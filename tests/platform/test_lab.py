@@ -21,7 +21,7 @@ import pytest
 from helpers import stack_ray
 from helpers.settings import project_root
 from workshop import lab as lab_module
-from workshop import processes, stack
+from workshop import processes, stack_ports
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def assert_cleaned_up(ports: dict[str, int], jupyter: bool = True) -> None:
 
 
 def test_no_jupyter_prints_the_urls_and_puts_the_stack_s_ray_back(settings):
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     result = subprocess.run(lab_command(ports, "--no-jupyter"), cwd=project_root(), capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -94,7 +94,7 @@ def test_no_jupyter_prints_the_urls_and_puts_the_stack_s_ray_back(settings):
 
 
 def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_without_its_key(settings):
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     proc, lines = start(ports)
     try:
         link = printed_url(lines, "Ray dashboard")
@@ -133,7 +133,7 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
             urllib.request.build_opener(NoRedirect).open(fresh.stdout.strip(), timeout=10)
         assert signed_in_again.value.code == 303
         # one lab per stack: a second one says so in one line and touches nothing
-        second = subprocess.run(lab_command(stack.free_ports(["jupyter", "dashboard", "sign_in"])),
+        second = subprocess.run(lab_command(stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])),
                                 cwd=project_root(), capture_output=True, text=True, timeout=60)
         assert second.returncode == 1 and f"make lab is already running (pid {proc.pid})" in second.stderr
         assert stack_ray.read_service(state())["dashboard"] == dashboard
@@ -153,7 +153,7 @@ def test_a_lab_kernel_talks_over_unix_sockets_only_its_learner_can_open_and_no_p
     import zmq
     from jupyter_client import BlockingKernelClient
 
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     proc, lines = start(ports)
     try:
         url = printed_url(lines, "JupyterLab")
@@ -220,7 +220,7 @@ def test_jupyterlab_s_token_goes_only_to_a_port_jupyterlab_itself_listens_on(tmp
 
 
 def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(settings):
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     ray_before = stack_ray.read_service(state())
     with socket.socket() as taken:  # another program holds JupyterLab's port
         taken.bind(("127.0.0.1", ports["jupyter"]))
@@ -239,7 +239,7 @@ def test_a_jupyterlab_that_cannot_start_ends_the_lab_with_its_last_log_line(sett
 def test_a_jupyter_config_that_turns_the_token_off_stops_the_lab_in_one_line(settings, tmp_path):
     """A learner's own Jupyter config with an empty token wins over the lab's token file, and JupyterLab would then
     answer anyone: the lab checks that a request without the token is refused, and stops in one line if not."""
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     (tmp_path / "jupyter_server_config.py").write_text('c.IdentityProvider.token = ""\n')
     result = subprocess.run(lab_command(ports), cwd=project_root(), capture_output=True, text=True, timeout=180,
                             env={**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path)})
@@ -251,7 +251,7 @@ def test_a_jupyter_config_that_turns_the_token_off_stops_the_lab_in_one_line(set
 
 
 def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftovers_are_stopped(settings):
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     # A lab killed outright (SIGKILL) leaves its JupyterLab and the dashboard's Ray behind ...
     proc, lines = start(ports)
     leftover = processes.remembered_process(state(), lab_module.JUPYTER_RECORD)
@@ -278,7 +278,7 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
 
 def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
     """Ctrl-C before the URLs are printed, while JupyterLab starts: it is stopped too, not left running."""
-    ports = stack.free_ports(["jupyter", "dashboard", "sign_in"])
+    ports = stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])
     proc = subprocess.Popen(lab_command(ports), cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     deadline, jupyter = time.monotonic() + 60, None
@@ -296,7 +296,7 @@ def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
 
 def test_a_stop_that_comes_before_jupyterlab_was_noted_still_stops_it(tmp_path):
     """Ctrl-C can land between JupyterLab's start and the lab noting it: the clean-up finds it as the lab's child."""
-    port = stack.free_ports(["jupyter"])["jupyter"]
+    port = stack_ports.free_ports(["jupyter"])["jupyter"]
     (tmp_path / "token").write_text(os.urandom(16).hex())
     jupyter = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--ip=127.0.0.1", f"--port={port}", "--no-browser",
                                 f"--ServerApp.root_dir={tmp_path}", *(["--allow-root"] if os.geteuid() == 0 else [])],
@@ -327,7 +327,7 @@ def test_the_lab_does_not_restart_a_stack_s_ray_that_runs_a_job(settings, tmp_pa
     driver = subprocess.Popen([sys.executable, str(script)], cwd=project_root(), stdout=subprocess.PIPE, text=True)
     try:
         assert driver.stdout.readline().strip() == "joined"
-        result = subprocess.run(lab_command(stack.free_ports(["jupyter", "dashboard", "sign_in"])),
+        result = subprocess.run(lab_command(stack_ports.free_ports(["jupyter", "dashboard", "sign_in"])),
                                 cwd=project_root(), capture_output=True, text=True, timeout=120)
         assert result.returncode == 1, result.stdout + result.stderr
         errors = [line for line in result.stderr.splitlines() if line.strip()]

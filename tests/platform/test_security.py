@@ -15,7 +15,7 @@ import pytest
 from helpers import storage
 from tests.platform.room_intruder import basic, http  # one learner's requests at another's doors, here at the stack's
 from tests.suite.secrets_scan import on_command_lines, stack_secrets
-from workshop import processes, seaweedfs_security
+from workshop import processes, seaweedfs_security, stack_ports
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +201,7 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
 
     from helpers import stack_ray
     from helpers.settings import project_root
-    from workshop import ray_service, stack
+    from workshop import ray_service
 
     assert stack_ray.refuses_clients_without_token(stack_ray.read_service(state)["address"])  # the session's
     own = tmp_path / "state"  # a Ray of this test's own, with the session stack's services
@@ -214,7 +214,7 @@ def test_the_stack_s_ray_asks_every_client_for_its_token_whatever_the_environmen
     token.chmod(0o644)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env.update(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="disabled",
-               **{ray_service.PORT_ENV: str(stack.free_ports(["ray"])["ray"])})
+               **{ray_service.PORT_ENV: str(stack_ports.free_ports(["ray"])["ray"])})
     ray = subprocess.Popen([sys.executable, "-m", "workshop.ray_service", "--state", str(own), "--num-cpus", "1"],
                            env=env, cwd=project_root(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -17,8 +17,9 @@ import psutil
 import pytest
 
 from helpers import listing, storage, upload
+from helpers.ports import port_is_free
 from helpers.settings import load_settings
-from workshop import lakefs_binary, processes, stack
+from workshop import lakefs_binary, processes, stack, stack_ports
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def state(tmp_path):
 
 
 def private_ports():
-    return stack.free_ports(list(stack.DEFAULT_PORTS))
+    return stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS))
 
 
 def cli(*args, state):
@@ -110,7 +111,7 @@ def test_up_over_an_older_stack_starts_it_secured_and_keeps_its_data(state):
 
     stack.up(state, ports=private_ports(), with_ray=False, with_lakefs=False)  # keys, folders, settings
     stack.down(state)
-    ports, settings = stack._saved_ports(state), load_settings(environ={}, stack_state=state)
+    ports, settings = stack_ports.saved_ports(state), load_settings(environ={}, stack_state=state)
     old_weed = [arg for arg in stack._seaweedfs_command(state, ports)
                 if not arg.startswith(("-config_dir", "-disableHttp"))]
     old_mlflow = [arg for arg in stack._mlflow_command(state, ports) if arg not in ("--app-name", "basic-auth")]
@@ -162,7 +163,7 @@ def test_port_in_use_is_named(state):
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", ports["s3"]))
         blocker.listen()
-        with pytest.raises(stack.PortInUseError) as err:
+        with pytest.raises(stack_ports.PortInUseError) as err:
             stack.up(state, ports=ports, with_mlflow=False, with_ray=False)
         result = cli("up", "--no-mlflow", "--no-ray", state=state)  # the CLI says it in one line, exit 1
     assert str(ports["s3"]) in str(err.value) and "--s3-port" in str(err.value)
@@ -180,10 +181,10 @@ def test_up_waits_a_moment_for_a_port_released_just_now():
     releaser = threading.Timer(0.5, holder.close)
     releaser.start()
     try:
-        stack._check_ports_free("seaweedfs", {"s3": port}, ["s3"])
+        stack_ports.check_ports_free("seaweedfs", {"s3": port}, ["s3"])
     finally:
         releaser.join()
-    assert stack.port_is_free(port)
+    assert port_is_free(port)
 
 
 def test_a_service_stays_ours_when_the_clock_is_set():
@@ -694,7 +695,7 @@ def test_a_bad_download_says_why_and_installs_nothing(releases, tmp_path, case):
     elif case == "no lakefs inside":
         path = releases.publish(version, {"lakectl": lakectl()})
     elif case == "nothing listening":
-        base = f"http://127.0.0.1:{stack.free_ports(['x'])['x']}/"
+        base = f"http://127.0.0.1:{stack_ports.free_ports(['x'])['x']}/"
     with pytest.raises(lakefs_binary.DownloadError) as err:
         lakefs_binary.download("1.2.3" if case == "no pin for that version" else version, target=tmp_path / "bin",
                                base_url=base, timeout=10, sha256=path and releases.sha256(path))
@@ -712,7 +713,7 @@ def up_download_lakefs(state, home, releases_url: str, sha256: str = "") -> subp
 
     ``sha256`` takes the place of the real release's pinned digest, for a test archive.
     """
-    stack._load_or_choose_ports(state, private_ports())  # noqa: SLF001 - remembered by the CLI's up
+    stack_ports.load_or_choose_ports(state, private_ports())  # noqa: SLF001 - remembered by the CLI's up
     env = {**os.environ, "HOME": str(home), "PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin",
            lakefs_binary.RELEASES_URL_ENV: releases_url}
     pin = f"lakefs_binary.RELEASE_SHA256 = dict.fromkeys(lakefs_binary.RELEASE_SHA256, {sha256!r}); " if sha256 else ""
@@ -736,7 +737,7 @@ def test_up_download_lakefs_fetches_it_when_missing_and_starts_it(releases, stat
 
 @pytest.mark.slow
 def test_up_download_lakefs_offline_starts_without_it_in_one_line(state, tmp_path):
-    result = up_download_lakefs(state, tmp_path / "home", f"http://127.0.0.1:{stack.free_ports(['x'])['x']}/")
+    result = up_download_lakefs(state, tmp_path / "home", f"http://127.0.0.1:{stack_ports.free_ports(['x'])['x']}/")
     assert result.returncode == 0, result.stdout + result.stderr
     skipped = [line for line in result.stdout.splitlines() if "lakeFS" in line]
     assert len(skipped) == 1 and "could not fetch" in skipped[0] and "notebook 06 will be skipped" in skipped[0]
@@ -784,19 +785,19 @@ def hold(port: int) -> socket.socket | None:
 
 
 def test_a_new_stack_takes_the_default_ports_that_are_free_and_moves_the_others(state):
-    holder = hold(stack.DEFAULT_PORTS["s3"])
+    holder = hold(stack_ports.DEFAULT_PORTS["s3"])
     try:
-        ports, given = stack._load_or_choose_ports(state, None)  # noqa: SLF001
+        ports, given = stack_ports.load_or_choose_ports(state, None)  # noqa: SLF001
     finally:
         if holder:
             holder.close()
-    assert given == set() and ports["s3"] != stack.DEFAULT_PORTS["s3"] and stack.port_is_free(ports["s3"])
-    assert all(port == stack.DEFAULT_PORTS[name] for name, port in ports.items() if name != "s3"
-               and stack.port_is_free(stack.DEFAULT_PORTS[name]) and name not in ("admin", "admin_grpc"))
+    assert given == set() and ports["s3"] != stack_ports.DEFAULT_PORTS["s3"] and port_is_free(ports["s3"])
+    assert all(port == stack_ports.DEFAULT_PORTS[name] for name, port in ports.items() if name != "s3"
+               and port_is_free(stack_ports.DEFAULT_PORTS[name]) and name not in ("admin", "admin_grpc"))
     assert ports["admin_grpc"] == ports["admin"] + 10_000 and len(set(ports.values())) == len(ports)
     saved = json.loads((state / "ports.json").read_text())
-    assert {k: saved[k] for k in ports} == ports and saved[stack.GIVEN_KEY] == []
-    assert stack._load_or_choose_ports(state, None) == (ports, set())  # noqa: SLF001 - kept for the next start
+    assert {k: saved[k] for k in ports} == ports and saved[stack_ports.GIVEN_KEY] == []
+    assert stack_ports.load_or_choose_ports(state, None) == (ports, set())  # noqa: SLF001 - kept for the next start
 
 
 @pytest.mark.slow

@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from helpers import worker_metrics
+from helpers.ports import port_is_free
 from helpers.settings import project_root
-from workshop import lab, processes, stack
+from workshop import lab, processes, stack_ports
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
 
@@ -52,7 +53,7 @@ def run_facts(path: Path) -> dict:
 def wait_for_port(port: int, timeout: float = 60) -> None:
     """Until something listens on ``127.0.0.1:port`` or ``timeout`` s passed."""
     deadline = time.monotonic() + timeout
-    while stack.port_is_free(port) and time.monotonic() < deadline:
+    while port_is_free(port) and time.monotonic() < deadline:
         time.sleep(0.2)
 
 
@@ -60,7 +61,7 @@ def wait_for_port(port: int, timeout: float = 60) -> None:
 def lab_ray(settings):
     """The session stack's Ray with its dashboard, as ``make lab`` runs it; put back as it was afterwards."""
     state = Path(os.environ["STACK_STATE_DIR"])
-    port = stack.free_ports(["dashboard"])["dashboard"]
+    port = stack_ports.free_ports(["dashboard"])["dashboard"]
     _, dashboard = lab.ray_with_dashboard(state, port, None)
     yield dashboard
     lab.restore_stack_ray(state)
@@ -111,7 +112,7 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
     from workshop import submit
 
     worker_env.private_ray_tmpdir()
-    port = stack.free_ports(["ray"])["ray"]
+    port = stack_ports.free_ports(["ray"])["ray"]
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     env.pop("RAY_ADDRESS", None)
     other = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
@@ -141,7 +142,7 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
 
 
 def test_no_dashboard_and_no_such_notebook_are_one_line_each(settings):
-    closed = f"http://127.0.0.1:{stack.free_ports(['x'])['x']}"
+    closed = f"http://127.0.0.1:{stack_ports.free_ports(['x'])['x']}"
     nowhere = submit("04", "--address", closed)
     assert nowhere.returncode == 1 and nowhere.stderr.count("\n") == 1
     assert nowhere.stderr.startswith(f"error: The Ray dashboard at {closed} refused or did not answer")
@@ -157,7 +158,7 @@ def test_make_submit_runs_04_on_a_two_node_cluster_on_loopback(settings, results
 
     venv_bin = os.path.dirname(sys.executable)
     ray_bin = os.path.join(venv_bin, "ray")
-    port, dashboard = stack.free_ports(["ray", "dashboard"]).values()
+    port, dashboard = stack_ports.free_ports(["ray", "dashboard"]).values()
     # The nodes get the settings as a cluster's nodes do (here: the session stack's state); the token is on.
     env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)

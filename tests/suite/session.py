@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from workshop import stack_ports
+
 # A kernel runs every cell with Python's own Ctrl-C handler: ipykernel ignores SIGINT between requests and
 # installs `signal.default_int_handler` while it handles one, whatever its process inherited. A test process
 # inherits whatever started it, and a background job of a non-interactive shell (`make test &`, nohup, a CI
@@ -69,7 +71,7 @@ def session_stack() -> Path | None:
         state = _SESSION["state"] = Path(tempfile.mkdtemp(prefix="stack-test-"))  # stopped at the end, even if up fails
         # Saved as the stack's own choice, not given: where the other test process's stack, starting at the same
         # moment, takes one of them first, up moves this stack's ports instead of failing the whole session.
-        (state / "ports.json").write_text(json.dumps(stack.free_ports(list(stack.DEFAULT_PORTS))))
+        (state / "ports.json").write_text(json.dumps(stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS))))
         stack.up(state)
     _SESSION["state"] = state
     # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
