@@ -221,8 +221,11 @@ def wait_for_import(manager, sources: str, timeout: float, poll_seconds: float =
         if time.monotonic() > deadline:
             try:
                 manager.cancel()
-            except ConflictException:  # it completed since the poll above: lakeFS cancels no finished import
-                return manager.status()
+            except ConflictException:  # lakeFS cancels no finished import: it completed since the poll above
+                if (status := manager.status()).completed and status.error is None:
+                    return status
+                raise LakeFSError(f"importing {sources} did not finish within {timeout:.0f} s, and lakeFS refused to "
+                                  "cancel it: see the branch in lakeFS, then run it again.") from None
             raise LakeFSError(f"importing {sources} did not finish within {timeout:.0f} s and was cancelled "
                               "(nothing was committed): run it again, with a larger timeout= for a large bucket.")
         time.sleep(poll_seconds)
