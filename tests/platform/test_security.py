@@ -246,7 +246,7 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     import sys
 
     from tests.platform.room_intruder import waiting_at_a_door
-    from workshop import stack
+    from workshop import service_health
 
     own = tmp_path / "state"  # the session stack's records, with the service's process one that never binds its port
     own.mkdir(mode=0o700)
@@ -258,7 +258,7 @@ def test_the_stack_sends_nothing_to_a_program_that_holds_a_service_s_port(state,
     try:
         processes.remember_process(own, service, process.pid)
         with waiting_at_a_door() as (port, heard):
-            assert not stack._healthy(service, own, f"http://127.0.0.1:{port}")
+            assert not service_health.healthy(service, own, f"http://127.0.0.1:{port}")
     finally:
         process.kill()
         process.wait()

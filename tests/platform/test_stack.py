@@ -18,8 +18,18 @@ import pytest
 
 from helpers import listing, storage, upload
 from helpers.ports import port_is_free
+from helpers.private_files import write_private
 from helpers.settings import load_settings
-from workshop import lakefs_binary, processes, stack, stack_ports
+from workshop import (
+    lakefs_binary,
+    lakefs_service,
+    mlflow_service,
+    processes,
+    seaweedfs_service,
+    service_health,
+    stack,
+    stack_ports,
+)
 
 
 @pytest.fixture
@@ -112,18 +122,19 @@ def test_up_over_an_older_stack_starts_it_secured_and_keeps_its_data(state):
     stack.up(state, ports=private_ports(), with_ray=False, with_lakefs=False)  # keys, folders, settings
     stack.down(state)
     ports, settings = stack_ports.saved_ports(state), load_settings(environ={}, stack_state=state)
-    old_weed = [arg for arg in stack._seaweedfs_command(state, ports)
+    old_weed = [arg for arg in seaweedfs_service.command(state, ports)
                 if not arg.startswith(("-config_dir", "-disableHttp"))]
-    old_mlflow = [arg for arg in stack._mlflow_command(state, ports) if arg not in ("--app-name", "basic-auth")]
+    old_mlflow = [arg for arg in mlflow_service.command(state, ports) if arg not in ("--app-name", "basic-auth")]
     auth = {"secret_key": "old", **json.loads((state / "mlflow-auth.json").read_text())}
-    old_env = {k: v for k, v in stack._mlflow_env(state, settings, auth).items() if not k.startswith("MLFLOW_")}
+    old_env = {k: v for k, v in mlflow_service.environment(state, settings, auth).items()
+               if not k.startswith("MLFLOW_")}
     for name, command, env in (("seaweedfs", old_weed, None), ("mlflow", old_mlflow, old_env)):
         stack._start(name, command, state, env)
         record = json.loads((state / f"{name}.pid").read_text())
         (state / f"{name}.pid").write_text(json.dumps({k: v for k, v in record.items() if k != "fingerprint"}))
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (stack._http_ok(settings.mlflow_tracking_uri + "/health") and
-                                                stack._http_ok(settings.s3_url + "/healthz")):
+    while time.monotonic() < deadline and not (service_health.http_ok(settings.mlflow_tracking_uri + "/health") and
+                                                service_health.http_ok(settings.s3_url + "/healthz")):
         time.sleep(0.5)
     assert not seaweedfs_security.refuses_plain_clients(ports["master_grpc"]), "the old way: gRPC without TLS"
     created = {"name": "kept"}
@@ -150,12 +161,12 @@ def test_a_disk_too_full_for_the_object_store_is_one_line_before_anything_starts
     """Below 1% free SeaweedFS writes nothing and every upload fails with HTTP 500: up says so first."""
     import shutil
 
-    monkeypatch.setattr(stack, "SPARE_BYTES", shutil.disk_usage(state).free)  # the real disk, 1% short
+    monkeypatch.setattr(seaweedfs_service, "SPARE_BYTES", shutil.disk_usage(state).free)  # the real disk, 1% short
     with pytest.raises(stack.StackError, match=r"GB free of .* free .* GB or more, or set STACK_STATE_DIR"):
         stack.up(state, ports=private_ports())
     assert all(processes.remembered_process(state, name) is None for name in stack.SERVICES)
-    monkeypatch.setattr(stack, "SPARE_BYTES", 0)
-    stack.check_free_space(state)  # a disk with room passes
+    monkeypatch.setattr(seaweedfs_service, "SPARE_BYTES", 0)
+    seaweedfs_service.check_free_space(state)  # a disk with room passes
 
 
 def test_port_in_use_is_named(state):
@@ -363,7 +374,7 @@ def _modes(root):
 
 @pytest.mark.slow
 def test_two_ups_at_once_start_one_stack_and_every_state_file_is_private(state):
-    stack.write_private(state / "ports.json", json.dumps(private_ports()))
+    write_private(state / "ports.json", json.dumps(private_ports()))
     command = [sys.executable, "-m", "workshop.stack", "up", "--no-lakefs", "--no-ray", "--state-dir", str(state)]
     runs = [subprocess.Popen(command,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -391,7 +402,7 @@ def test_state_files_are_replaced_whole_and_private(tmp_path):
     target = tmp_path / "stack.env"
     target.write_text("old")
     target.chmod(0o644)
-    stack.write_private(target, "new")
+    write_private(target, "new")
     assert target.read_text() == "new" and target.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["stack.env"]  # no temporary file left behind
 
@@ -463,7 +474,7 @@ def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(
                                                                                  monkeypatch):
     """Health needs both the S3 port's ``/healthz`` and this stack's volume server on the master's status page."""
     volume = 65000
-    monkeypatch.setattr(stack, "_knows_our_keys", lambda *args: True)  # tested with real stacks below
+    monkeypatch.setattr(service_health, "knows_our_keys", lambda *args: True)  # tested with real stacks below
 
     class Answer(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -482,7 +493,7 @@ def test_the_object_store_is_healthy_only_once_its_master_knows_a_volume_server(
         port = server.server_address[1]
         (tmp_path / "ports.json").write_text(json.dumps({"s3": port, "master": port, "volume": volume}))
         processes.remember_process(tmp_path, "seaweedfs", os.getpid())  # the port's listener: this process, as recorded
-        assert stack._healthy("seaweedfs", tmp_path, f"http://127.0.0.1:{port}") is ready
+        assert service_health.healthy("seaweedfs", tmp_path, f"http://127.0.0.1:{port}") is ready
     finally:
         server.shutdown()
         server.server_close()
@@ -538,7 +549,7 @@ def test_up_starts_lakefs_where_a_binary_is_on_path_and_writes_its_settings(stat
     settings = load_settings(environ={}, stack_state=state)
     assert settings.lakefs_endpoint == rows["lakefs"].url and settings.lakefs_access_key.startswith("AKIAJ")
     assert "test-double" in versioning.connect(settings).version  # the keys in stack.env are the server's keys
-    assert storage.get_client(settings).bucket_exists(stack.LAKEFS_BUCKET)  # namespace bucket made up front
+    assert storage.get_client(settings).bucket_exists(lakefs_service.LAKEFS_BUCKET)  # namespace bucket made up front
     config = (state / "lakefs" / "config.yaml")
     assert oct(config.stat().st_mode & 0o777) == "0o600" and str(state) in config.read_text()
 
@@ -838,7 +849,7 @@ def test_two_stacks_started_at_the_same_moment_on_the_same_ports_each_end_with_t
         for state in states:  # each one's keys and login open its own servers
             settings = load_settings(environ={}, stack_state=state)
             storage.get_client(settings).list_buckets()
-            assert stack._knows_our_keys("mlflow", state, settings.mlflow_tracking_uri)  # noqa: SLF001
+            assert service_health.knows_our_keys("mlflow", state, settings.mlflow_tracking_uri)
             assert all(r.healthy for r in stack.status(state) if r.name in ("seaweedfs", "mlflow"))
     finally:
         for state in states:
