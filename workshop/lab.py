@@ -8,7 +8,8 @@ dashboard; the stack keeps running (``make stack-down`` stops it).
 
 Ray keeps its own default, token authentication: the dashboard asks every browser for Ray's token. The
 dashboard link printed here opens a small sign-in page of the lab's, which hands the browser Ray's own
-cookie for 127.0.0.1 and forwards it to the dashboard, so no one pastes a token.
+cookie for 127.0.0.1 and forwards it to the dashboard, so no one pastes a token
+(:mod:`workshop.dashboard_sign_in`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import hmac
 import json
 import os
 import re
@@ -26,13 +26,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
 
 from helpers import stack_ray
 from helpers.cluster import check_cluster
@@ -41,10 +39,8 @@ from helpers.ports import port_is_free
 from helpers.private_files import write_private
 from helpers.settings import SettingsError, load_settings, project_root, state_dir
 from helpers.worker_env import ROOM_ENVIRONMENT
-from workshop import processes, stack, stack_ports, state_files
+from workshop import dashboard_sign_in, processes, stack, stack_ports, state_files
 
-# The cookie Ray's dashboard reads its token from (ray._private.authentication.authentication_constants).
-RAY_TOKEN_COOKIE = "ray-authentication-token"
 LAB_RECORD, JUPYTER_RECORD = "lab", "jupyterlab"  # process records in the state folder
 
 
@@ -257,74 +253,7 @@ def ray_token(state: Path) -> str:
         raise LabError(f"Could not read the token of the stack's Ray ({err}): run `make lab` again.") from None
 
 
-SIGN_IN_KEYS, LAB_FILE = "dashboard-sign-in-keys", "lab.json"  # in the state folder, both 0600
-
-
-@contextlib.contextmanager
-def _keys_locked(state: Path):
-    """Hold the lock of the sign-in keys: the lab uses them up while ``--sign-in-link`` adds one."""
-    import fcntl
-
-    fd = os.open(state / ".sign-in.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def new_sign_in_key(state: Path) -> str:
-    """A key for one use of the dashboard's sign-in link, added to the lab's private list of unused keys."""
-    key = secrets.token_urlsafe(16)
-    path = state / SIGN_IN_KEYS
-    with _keys_locked(state):
-        kept = path.read_text().split() if path.is_file() else []
-        write_private(path, "\n".join([*kept[-9:], key]) + "\n")  # a few unused links stay valid, not many
-    return key
-
-
-def use_sign_in_key(state: Path, given: str) -> bool:
-    """Whether ``given`` is an unused key; it is used up (removed) in the same step."""
-    path = state / SIGN_IN_KEYS
-    with _keys_locked(state):
-        keys = path.read_text().split() if path.is_file() else []
-        if not given or not any(hmac.compare_digest(given.encode(), key.encode()) for key in keys):
-            return False
-        write_private(path, "".join(f"{key}\n" for key in keys if key != given))
-    return True
-
-
-def start_dashboard_sign_in(port: int, state: Path, token: str, dashboard_url: str) -> ThreadingHTTPServer:
-    """Serve the dashboard's sign-in links on 127.0.0.1:``port`` (``port`` 0: any free one).
-
-    ``GET /?key=<key>`` with an unused key sets Ray's own token cookie, as the dashboard's token prompt would,
-    and forwards the browser to the dashboard; the key is then used up, so a link that leaked (a shared
-    screen, a browser history) signs nobody in. Cookies belong to a host, not a port, so the dashboard on
-    127.0.0.1 receives it. Another key: ``python -m workshop.lab --sign-in-link``.
-    """
-
-    class SignIn(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            given = parse_qs(urlsplit(self.path).query).get("key", [""])[0]
-            if not use_sign_in_key(state, given):
-                self.send_error(403, "This sign-in link was used already, or is not one make lab printed: "
-                                     "`python -m workshop.lab --sign-in-link` prints a new one.")
-                return
-            self.send_response(303)
-            self.send_header("Set-Cookie", f"{RAY_TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict")
-            self.send_header("Location", f"{dashboard_url}/#/actors")
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-
-        def log_message(self, format: str, *args) -> None:  # noqa: A002 - quiet: the terminal shows the URLs
-            pass
-
-    try:
-        server = ThreadingHTTPServer(("127.0.0.1", port), SignIn)
-    except OSError:  # the port is taken: any free one, the printed link says which
-        server = ThreadingHTTPServer(("127.0.0.1", 0), SignIn)
-    threading.Thread(target=server.serve_forever, name="dashboard-sign-in", daemon=True).start()
-    return server
+LAB_FILE = "lab.json"  # in the state folder, 0600: the port of the dashboard's sign-in
 
 
 def sign_in_link(state: Path) -> str:
@@ -336,7 +265,7 @@ def sign_in_link(state: Path) -> str:
     if processes.remembered_process(state, LAB_RECORD) is None or not (state / LAB_FILE).is_file():
         raise LabError("make lab is not running: start it (`make lab`), it prints a sign-in link.")
     port = json.loads((state / LAB_FILE).read_text())["sign_in_port"]
-    return f"http://127.0.0.1:{port}/?key={new_sign_in_key(state)}"
+    return f"http://127.0.0.1:{port}/?key={dashboard_sign_in.new_key(state)}"
 
 
 def urls(settings, jupyter_port: int, token: str, dashboard: str | None, sign_in: str | None) -> dict[str, str]:
@@ -442,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
             restore = True  # from here on, the stack's Ray is put back as it was, whatever ends the lab
             settings, dashboard = on_a_free_port("dashboard", ports, args.dashboard_port,
                                                  lambda port: ray_with_dashboard(state, port, args.cpus))
-            server = started["sign_in"] = start_dashboard_sign_in(ports["sign_in"], state, ray_token(state), dashboard)
+            server = started["sign_in"] = dashboard_sign_in.start(ports["sign_in"], state, ray_token(state), dashboard)
             write_private(state / LAB_FILE, json.dumps({"sign_in_port": server.server_address[1]}))
-            sign_in = f"http://127.0.0.1:{server.server_address[1]}/?key={new_sign_in_key(state)}"
+            sign_in = f"http://127.0.0.1:{server.server_address[1]}/?key={dashboard_sign_in.new_key(state)}"
         print_urls(urls(settings, ports["jupyter"], token, dashboard, sign_in))
         jupyter = started.get("jupyter")
         if jupyter is not None and jupyter.wait() != 0:
@@ -522,7 +451,7 @@ def clean_up(state: Path, jupyter: subprocess.Popen | None, sign_in_server: Thre
         (state / f"{JUPYTER_RECORD}.pid").unlink(missing_ok=True)
     if sign_in_server is not None:
         sign_in_server.shutdown()
-        for name in (SIGN_IN_KEYS, LAB_FILE):  # the links this lab printed sign nobody in any more
+        for name in (dashboard_sign_in.KEYS_FILE, LAB_FILE):  # the links this lab printed sign nobody in any more
             (state / name).unlink(missing_ok=True)
     if restore:
         try:

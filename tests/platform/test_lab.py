@@ -20,8 +20,8 @@ import pytest
 
 from helpers import stack_ray
 from helpers.settings import project_root
+from workshop import dashboard_sign_in, processes, stack_ports
 from workshop import lab as lab_module
-from workshop import processes, stack_ports
 
 pytestmark = pytest.mark.slow
 
@@ -116,7 +116,7 @@ def test_a_running_lab_s_sign_in_link_sets_ray_s_token_cookie_and_nothing_withou
         assert signed_in.value.code == 303 and signed_in.value.headers["Location"] == f"{dashboard}/#/actors"
         cookie = signed_in.value.headers["Set-Cookie"].split(";")[0]
         token = lab_module.ray_token(Path(os.environ["STACK_STATE_DIR"]))
-        assert cookie == f"{lab_module.RAY_TOKEN_COOKIE}={token}"
+        assert cookie == f"{dashboard_sign_in.RAY_TOKEN_COOKIE}={token}"
         request = urllib.request.Request(f"{dashboard}/api/jobs/", headers={"Cookie": cookie})
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert answer.status == 200
