@@ -6,8 +6,11 @@ import io
 import ipaddress
 import json
 import os
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import uuid
@@ -351,7 +354,12 @@ def wait_for_port(port: int, timeout: float = 60) -> None:
 def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket, tmp_path):
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     port = stack_ports.free_ports(["ray"])["ray"]
-    env = {**os.environ, "RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token"}  # `ray start` turns tokens on
+    # A temporary folder of its own: `ray start` records "the current cluster" in it, which another test's
+    # `ray start` in this user's folder (test_submit's, at the same moment) must not find overwritten.
+    ray_tmpdir = tempfile.mkdtemp(prefix="ray-")
+    # and a token of its own, which its nodes and the driver share: whatever Ray this process joined before, if any
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN_PATH"}, "RAY_ADDRESS": f"127.0.0.1:{port}",
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": ray_tmpdir}
     common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
     nodes = []
     try:
@@ -374,13 +382,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
         for proc in reversed(nodes):  # a throwaway cluster: `ray start --block` takes 20 s and more on SIGTERM
             with contextlib.suppress(psutil.NoSuchProcess):
                 processes.stop_group(psutil.Process(proc.pid), timeout=3)
-        # `ray start` leaves it behind (in its RAY_TMPDIR, this process's); `ray stop` would remove it
-        marker = os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray", "ray_current_cluster")
-        with contextlib.suppress(OSError):
-            with open(marker) as handle:
-                ours = handle.read().strip().endswith(f":{port}")
-            if ours:
-                os.remove(marker)
+        shutil.rmtree(ray_tmpdir, ignore_errors=True)
 
 
 def test_load_datasets_cuts_one_pipeline_into_shuffled_train_validation_and_test(ray_local, dataset_bucket, client,

@@ -262,7 +262,7 @@ def test_sigterm_sighup_and_a_parent_that_died_clean_up_like_ctrl_c_and_leftover
     ray_pid = stack_ray.read_service(state())["pid"]
     proc, lines = start(ports)
     assert f"Stopped the JupyterLab an earlier make lab left running (pid {leftover.pid})." in lines
-    assert not psutil.pid_exists(leftover.pid) or leftover.status() == psutil.STATUS_ZOMBIE
+    assert not leftover.is_running() or processes.is_zombie(leftover)
     assert stack_ray.read_service(state())["pid"] == ray_pid
     proc.send_signal(signal.SIGHUP)  # the terminal closed
     assert finish(proc, lines) == 0 and "Stopping (SIGHUP) ..." in lines
@@ -289,7 +289,7 @@ def test_ctrl_c_while_jupyterlab_starts_stops_it(settings):
     assert jupyter is not None, "JupyterLab started"
     proc.send_signal(signal.SIGINT)  # before it answers: JupyterLab takes seconds to start
     assert proc.wait(timeout=90) == 0
-    assert not jupyter.is_running() or jupyter.status() == psutil.STATUS_ZOMBIE
+    assert not jupyter.is_running() or processes.is_zombie(jupyter)
     assert not port_open(ports["jupyter"])
     assert processes.remembered_process(state(), lab_module.LAB_RECORD) is None
 

@@ -84,9 +84,9 @@ def test_up_twice_status_and_down(state):
     client = storage.get_client(settings)
     storage.ensure_bucket(client, "persisted")
 
+    services = [*(psutil.Process(pid) for pid in pids.values()), *ray_processes]
     assert sorted(stack.down(state)) == ["mlflow", "ray", "seaweedfs"]
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in [*pids.values(), *(p.pid for p in ray_processes)])
+    assert not [p for p in services if p.is_running() and not processes.is_zombie(p)]
     assert not (state / "ray.json").exists()
     assert not any(r.running for r in stack.status(state))
     assert stack.down(state) == []
@@ -244,14 +244,14 @@ def test_down_stops_the_service_s_whole_process_group_orphans_included(state):
     deadline = time.monotonic() + 20
     group = []
     while time.monotonic() < deadline:
-        group = [p for p in psutil.process_iter() if _pgid(p) == proc.pid and p.status() != psutil.STATUS_ZOMBIE]
+        group = [p for p in psutil.process_iter() if _pgid(p) == proc.pid and not processes.is_zombie(p)]
         if len(group) == 2 and all(p.ppid() != proc.pid for p in group if p.pid != proc.pid):
             break  # the service and an orphan that is no longer its child
         time.sleep(0.2)
     assert len(group) == 2, "the forking service did not leave an orphan"
     orphan = next(p for p in group if p.pid != proc.pid)
     assert stack.down(state) == ["mlflow"]
-    assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+    assert not orphan.is_running() or processes.is_zombie(orphan)
     proc.wait(timeout=10)
 
 
@@ -289,7 +289,7 @@ def test_a_service_whose_main_process_was_killed_comes_back_with_the_next_up(sta
         took = time.monotonic() - started
         assert all(again[other].healthy for other in services), (name, again)
         assert again[name].detail.startswith("started") and again[name].pid != main.pid
-        assert not [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], name
+        assert not [p for p in left if p.is_running() and not processes.is_zombie(p)], name
         assert took < 60, f"{name}: up took {took:.0f} s"
         listener = _listening_pids([service_port[name]]).get(service_port[name])
         assert listener is not None and listener in {again[name].pid} | {
@@ -297,7 +297,7 @@ def test_a_service_whose_main_process_was_killed_comes_back_with_the_next_up(sta
     everything = [p for name in services
                   for p in processes.process_group(psutil.Process(stack.status(state)[stack.SERVICES.index(name)].pid))]
     assert sorted(stack.down(state)) == sorted(services)
-    assert not [p for p in everything if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in everything if p.is_running() and not processes.is_zombie(p)]
     assert not _listening_pids(list(ports.values()))
 
 
@@ -395,7 +395,7 @@ def test_two_ups_at_once_start_one_stack_and_every_state_file_is_private(state):
         assert modes[name] == 0o600, name
     assert modes["."] == modes["logs"] == 0o700
     assert sorted(stack.down(state)) == ["mlflow", "seaweedfs"]
-    assert not [p for p in weeds if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in weeds if p.is_running() and not processes.is_zombie(p)]
 
 
 def test_state_files_are_replaced_whole_and_private(tmp_path):
@@ -606,7 +606,7 @@ def test_a_program_at_ray_s_port_after_its_gcs_died_hears_nothing_and_ray_moves_
         rows = {r.name: r for r in stack.up(state, with_mlflow=False, with_lakefs=False)}
         time.sleep(2)
     assert heard == [], f"{len(heard)} calls reached the program at Ray's old port, the first: {heard[:1]}"
-    assert not [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "left running"
+    assert not [p for p in family if p.is_running() and not processes.is_zombie(p)], "left running"
     new = stack_ray.read_service(state)
     assert rows["ray"].healthy and new["address"] != old["address"]
     assert f"Ports another program holds, moved: ray {old_port} -> " in capsys.readouterr().out

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -113,8 +114,10 @@ def test_a_job_joins_the_ray_it_was_submitted_to_while_another_ray_runs_on_the_m
 
     worker_env.private_ray_tmpdir()
     port = stack_ports.free_ports(["ray"])["ray"]
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # a token of its own: whatever Ray this process joined before, if any
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
     other = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head",
                               f"--port={port}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
                               "--include-dashboard=false", "--disable-usage-stats", "--block"],
@@ -159,9 +162,12 @@ def test_make_submit_runs_04_on_a_two_node_cluster_on_loopback(settings, results
     venv_bin = os.path.dirname(sys.executable)
     ray_bin = os.path.join(venv_bin, "ray")
     port, dashboard = stack_ports.free_ports(["ray", "dashboard"]).values()
-    # The nodes get the settings as a cluster's nodes do (here: the session stack's state); the token is on.
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
+    # The nodes get the settings as a cluster's nodes do (here: the session stack's state); the token is on, the
+    # cluster's own, which its nodes and make submit share.
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+           "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
     env.pop("RAY_ADDRESS", None)
+    env.pop("RAY_AUTH_TOKEN_PATH", None)
     common = ["--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats", "--block"]
     nodes = []
     folders = [tempfile.mkdtemp(prefix=f"ray-{role}-", dir="/tmp") for role in ("head", "worker")]  # short: sockets

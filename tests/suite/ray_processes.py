@@ -17,10 +17,14 @@ def ray_processes(gcs_address: str, title: str) -> list[psutil.Process]:
         try:
             if "raylet" not in raylet.name() or gcs_flag not in raylet.cmdline():
                 continue
-            for proc in raylet.children(recursive=True):
+            children = raylet.children(recursive=True)
+        except psutil.Error:
+            continue
+        for proc in children:
+            try:  # a worker that ends meanwhile is not counted, and the others still are
                 command = " ".join(proc.cmdline())  # "ray::TrainController...", "ray::MapWorker(...Class)..."
                 if command.startswith("ray::") and title in command and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
-        except psutil.Error:
-            continue
+            except psutil.Error:
+                continue
     return found
