@@ -18,8 +18,8 @@ import psutil
 
 from helpers import stack_ray
 from helpers.settings import load_settings
+from workshop import seaweedfs_service
 from workshop.processes import remembered_process
-from workshop.seaweedfs_service import volume_server_registered
 from workshop.stack_ports import saved_ports
 from workshop.state_files import StackError, state_paths
 
@@ -45,14 +45,17 @@ def healthy(service: str, state: Path, url: str) -> bool:
     """Whether the stack's own ``service`` listens on ``url``, answers its health page and knows our keys."""
     if service == "ray":
         return stack_ray.read_service(state) is not None
-    # nothing, credentials least of all, goes to a port that the service's recorded process does not listen on
+    # nothing, credentials least of all, goes to a port that the service's recorded process (or one it started)
+    # does not listen on
     proc = remembered_process(state, service)
     if proc is None or not stack_ray.listens_under(proc.pid, int(url.rsplit(":", 1)[1])):
         return False
-    ports = saved_ports(state)
-    return http_ok(url + HEALTH_PATHS[service]) and (  # SeaweedFS's S3 port answers up to 4.5 s before that
-        service != "seaweedfs" or volume_server_registered(ports["master"], ports["volume"])) and knows_our_keys(
-        service, state, url)
+    if not http_ok(url + HEALTH_PATHS[service]):
+        return False
+    ports = saved_ports(state)  # SeaweedFS's S3 port answers up to 4.5 s before its volume server is known
+    if service == "seaweedfs" and not seaweedfs_service.volume_server_registered(ports["master"], ports["volume"]):
+        return False
+    return knows_our_keys(service, state, url)
 
 
 def knows_our_keys(service: str, state: Path, url: str) -> bool:

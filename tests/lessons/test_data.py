@@ -356,7 +356,7 @@ def test_two_node_cluster_runs_the_same_code_through_ray_address(dataset_bucket,
     port = stack_ports.free_ports(["ray"])["ray"]
     # A temporary folder of its own: `ray start` records "the current cluster" in it, which another test's
     # `ray start` in this user's folder (test_submit's, at the same moment) must not find overwritten.
-    ray_tmpdir = tempfile.mkdtemp(prefix="ray-")
+    ray_tmpdir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's sockets are in it
     # and a token of its own, which its nodes and the driver share: whatever Ray this process joined before, if any
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_AUTH_TOKEN_PATH"}, "RAY_ADDRESS": f"127.0.0.1:{port}",
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16), "RAY_TMPDIR": ray_tmpdir}
