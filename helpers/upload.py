@@ -107,7 +107,7 @@ def upload_objects(client: Minio, bucket: str, items: list[tuple[str, str, int]]
         finally:  # a second press while the running uploads finish still says how far it got
             raise_interrupted(err, done, len(items), client, bucket)
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)  # a press that cut the cancel short: nothing queued runs
         bar.close()
 
 

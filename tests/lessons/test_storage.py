@@ -343,6 +343,34 @@ def test_an_interrupt_cancels_the_queued_uploads(client, bucket, capsys):
     assert len(listing.list_objects_parallel(bucket, client=client)) == uploaded
 
 
+def test_a_press_that_cuts_the_cancel_of_the_queued_uploads_short_still_runs_nothing_queued(client, bucket,
+                                                                                          monkeypatch):
+    """A second press can land inside the pool's cancel of the queued uploads, before it dropped them: the
+    clean-up after it must drop them still, not wait (uninterruptibly) while all of them run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    class CutShort(ThreadPoolExecutor):
+        cut = False
+
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            if cancel_futures and not CutShort.cut:
+                CutShort.cut = True
+                raise KeyboardInterrupt  # the second press, before anything queued was cancelled
+            super().shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    monkeypatch.setattr(upload, "ThreadPoolExecutor", CutShort)
+    storage.ensure_bucket(client, bucket)
+    plan = upload.plan_keys(6000)  # 26,000 objects: minutes for two threads
+    with pytest.raises(storage.StorageError, match="Upload interrupted after"):
+        upload.upload_objects(client, bucket, [("train/0/broken.png", "train", 10**9), *plan], threads=2,
+                              progress=False)  # the first item fails (no such image): the upload stops
+    assert CutShort.cut
+    time.sleep(1)  # nothing may still be sending after the call returned
+    uploaded = len(listing.list_objects_parallel(bucket, client=client))
+    assert uploaded < len(plan) // 2
+    assert len(listing.list_objects_parallel(bucket, client=client)) == uploaded
+
+
 def test_an_interrupt_that_lands_in_a_lock_s_release_is_still_an_interrupt(capsys):
     """Ctrl-C inside ``with lock:`` (submitting 26,000 uploads takes a while) can make the lock's release fail,
     and the failure then hides the interrupt: it is still the learner's Interrupt, not a storage error."""
