@@ -25,9 +25,9 @@ from typing import Any
 from helpers import stack_ray, timings, worker_env
 from helpers.settings import Settings, SettingsError, load_settings, state_dir
 from helpers.worker_env import (
-    LOCAL_RAY_DEFAULTS,
     WORKER_SETTINGS,
     keys_from_cluster,
+    local_ray_defaults,
     loopback_only,
     settings_env,
     use_room_environment,
@@ -215,7 +215,7 @@ def ray_connection(settings: Settings | None = None, address: str | None = None,
     use_room_environment()  # in the driver too: Ray Data starts its usage actor from it, and it loads models
     if address == "local":
         loopback_only()
-        defaults = {name: value for name, value in LOCAL_RAY_DEFAULTS.items() if name not in os.environ}
+        defaults = {name: value for name, value in local_ray_defaults().items() if name not in os.environ}
         return RayConnection(address, None, inherited_environment({**defaults, **settings_env(settings)}),
                              {"num_cpus": num_cpus, "include_dashboard": dashboard})
     if service is not None:

@@ -7,6 +7,7 @@ driver (:mod:`helpers.cluster`) compares or sends them, and neither imports the 
 from __future__ import annotations
 
 import os
+import sys
 
 from helpers.settings import Settings
 from helpers.tracking import bounded_requests
@@ -63,11 +64,44 @@ def use_room_environment() -> None:
 # Train would send them to its actors in a runtime_env, costing each a new worker process.
 LOCAL_RAY_DEFAULTS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
+
+def loopback_interface() -> str:
+    """The name of this machine's loopback interface: ``lo`` on Linux, ``lo0`` on macOS."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(address.address == "127.0.0.1" for address in addresses):
+            return name
+    return "lo0" if sys.platform == "darwin" else "lo"
+
+
+def local_ray_defaults() -> dict[str, str]:
+    """:data:`LOCAL_RAY_DEFAULTS`, and Ray Train's gloo on the loopback interface, where a local Ray listens.
+
+    Left to itself gloo binds the address the machine's name resolves to, which on a laptop changes with
+    the network (a VPN, a hotel's Wi-Fi) or is not this machine at all, and training workers then cannot
+    connect to each other (seen on macOS). ``GLOO_SOCKET_IFNAME`` names the interface instead.
+    """
+    return {**LOCAL_RAY_DEFAULTS, "GLOO_SOCKET_IFNAME": loopback_interface()}
+
+
 # Floating-point results that do not depend on the machine's vector instructions: Intel MKL (PyTorch's BLAS on
 # x86) and PyTorch's own kernels would otherwise pick AVX-512 paths where the CPU has them, whose sums round
 # differently from AVX2's, and a seeded training run would end one test image apart on another machine. Set
 # where outputs are compared with committed ones (the tests, `make notebooks`), inherited by the stack's Ray.
 REPRODUCIBLE_NUMERICS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+def reproducible_numerics(machine: str | None = None) -> dict[str, str]:
+    """:data:`REPRODUCIBLE_NUMERICS` on an x86-64 machine; nothing on another (Apple silicon, aarch64 Linux).
+
+    Both settings name x86 instruction sets: an ARM PyTorch has no AVX2 to pin and warns about the value. Its
+    seeded accuracies come out a few images apart from the committed outputs, which are made on x86-64.
+    """
+    import platform
+
+    return dict(REPRODUCIBLE_NUMERICS) if (machine or platform.machine()).lower() in ("x86_64", "amd64") else {}
+
 
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
 WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
@@ -90,14 +124,28 @@ def loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+# What Ray adds to RAY_TMPDIR at the longest: the stack's Ray's own folder (workshop.ray_service), then a session's
+# socket, with the longest pid Linux gives. It must fit a Unix socket's path: 107 bytes on Linux, 103 on macOS.
+RAY_SOCKETS = "/stack-0123abcd/ray/session_2026-12-31_23-59-59_999999_4194304/sockets/plasma_store"
+
+
 def private_ray_tmpdir() -> None:
     """Give Ray, in this process and the workers it starts, a temporary folder of this user's own.
 
     Ray keeps its session files in ``/tmp/ray`` and Ray Train's lock files in ``/tmp/_ray_lockfiles``, one
     of each for every user of the machine: the first user's folders lock the others out (another
     learner's training run failed with PermissionError on a lock file), and its session folders are
-    writable by everyone. ``RAY_TMPDIR`` (Ray's own variable) moves both; one already set is kept.
-    """
-    from helpers.private_files import private_temp_folder
+    writable by everyone. ``RAY_TMPDIR`` (Ray's own variable) moves both; one already set is kept. The
+    folder is short enough for Ray's sockets (:data:`RAY_SOCKETS`), in ``$TMPDIR`` or else in /tmp, as
+    macOS's ``$TMPDIR`` is too long for them.
 
-    os.environ.setdefault("RAY_TMPDIR", str(private_temp_folder("ray")))
+    Raises:
+        SocketPathError: a ``RAY_TMPDIR`` set in the environment is too long for Ray's sockets.
+    """
+    from helpers.private_files import SocketPathError, private_temp_folder, unix_socket_limit
+
+    folder = os.environ.setdefault("RAY_TMPDIR", str(private_temp_folder("ray", room=len(RAY_SOCKETS))))
+    longest, limit = len(folder.encode()) + len(RAY_SOCKETS), unix_socket_limit()
+    if longest > limit:
+        raise SocketPathError(f"RAY_TMPDIR={folder} would give Ray's sockets paths of {longest} bytes, over this "
+                              f"system's limit of {limit}: unset RAY_TMPDIR, or set it to a shorter folder")

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,7 +37,7 @@ from helpers import stack_ray
 from helpers.cluster import check_cluster
 from helpers.errors import TutorialError
 from helpers.ports import port_is_free
-from helpers.private_files import write_private
+from helpers.private_files import short_temp_root, write_private
 from helpers.settings import SettingsError, load_settings, project_root, state_dir
 from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import dashboard_sign_in, processes, stack, stack_ports, state_files
@@ -62,15 +63,29 @@ def _stop_on_signal(signum: int, frame) -> None:  # noqa: ARG001 (signal handler
 
 
 def exit_with_parent() -> None:
-    """Have the kernel send this process SIGTERM when its parent dies (Linux).
+    """Have this process sent SIGTERM when its parent dies: by the kernel on Linux, by a watching thread elsewhere.
 
     ``make lab`` runs this module as make's child: a ``kill`` of make, or a container stop that
-    signals only the first process, would otherwise leave JupyterLab and the lab's Ray running.
+    signals only the first process, would otherwise leave JupyterLab and the lab's Ray running. macOS has
+    no ``PR_SET_PDEATHSIG``; there :func:`watch_parent` notices the parent gone within a second.
     """
-    if not sys.platform.startswith("linux") or os.getppid() == 1:  # started detached (nohup, setsid): no parent
+    parent = os.getppid()
+    if parent == 1:  # started detached (nohup, setsid): no parent to outlive
         return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM) == 0:  # PR_SET_PDEATHSIG
+                if os.getppid() != parent:  # it died before the request took effect
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return
+    threading.Thread(target=watch_parent, args=(parent,), daemon=True, name="parent-watch").start()
+
+
+def watch_parent(parent: int, interval: float = 1.0) -> None:
+    """Send this process SIGTERM once ``parent`` is no longer its parent (it died, and the process was adopted)."""
+    while os.getppid() == parent:
+        time.sleep(interval)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 # --- JupyterLab ----------------------------------------------------------------
@@ -409,6 +424,19 @@ def on_a_free_port(name: str, ports: dict[str, int], given: int | None, start):
     raise AssertionError("unreachable")
 
 
+# A kernel's sockets: <folder>/kernel-<n>, in a folder "lab-kernels-" and 8 random characters.
+KERNEL_SOCKETS = "/lab-kernels-01234567/kernel-65535"
+
+
+def kernel_sockets_folder() -> Path:
+    """A new private folder (0700) for the kernels' Unix sockets, short enough on Linux (107 bytes) and macOS (103).
+
+    macOS's ``$TMPDIR`` is long; :func:`helpers.private_files.short_temp_root` falls back to /tmp where a
+    kernel's socket would not fit under it.
+    """
+    return Path(tempfile.mkdtemp(prefix="lab-kernels-", dir=short_temp_root(len(KERNEL_SOCKETS))))
+
+
 def jupyter_answering(port: int, notebook_dir: Path | None, log_path: Path, state: Path,
                       started: dict[str, object]) -> subprocess.Popen:
     """JupyterLab started (``--allow-root`` for root, said in one line) and answering on ``port``.
@@ -420,7 +448,7 @@ def jupyter_answering(port: int, notebook_dir: Path | None, log_path: Path, stat
     if as_root:
         print("Running as root: JupyterLab starts with --allow-root (it refuses root otherwise).")
     folder = (notebook_dir or project_root() / "notebooks").resolve()
-    sockets = started.get("kernel_sockets") or Path(tempfile.mkdtemp(prefix="lab-kernels-"))  # short paths
+    sockets = started.get("kernel_sockets") or kernel_sockets_folder()
     token = started["token"] = secrets.token_hex(16)
     started["kernel_sockets"], command = sockets, jupyter_command(port, folder, as_root, sockets)
     jupyter = started["jupyter"] = start_jupyter(command, token, log_path, state)

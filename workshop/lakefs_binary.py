@@ -14,6 +14,7 @@ import hashlib
 import io
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -96,6 +97,22 @@ def verify(binary: Path, version: str = LAKEFS_VERSION, timeout: float = 30.0) -
     return printed
 
 
+def https_context() -> ssl.SSLContext:
+    """Certificate checks against the system's authorities, or certifi's where this Python found none.
+
+    python.org's Python on macOS ships without any until its ``Install Certificates.command`` runs, and
+    every download then fails with ``CERTIFICATE_VERIFY_FAILED``; certifi (installed with the lock) has
+    the same authorities the browsers trust.
+    """
+    context = ssl.create_default_context()
+    paths = ssl.get_default_verify_paths()  # each None where its file or folder does not exist
+    if not (paths.cafile or (paths.capath and any(Path(paths.capath).iterdir()))):
+        import certifi
+
+        context.load_verify_locations(certifi.where())
+    return context
+
+
 def download(version: str = LAKEFS_VERSION, target: Path | None = None, base_url: str | None = None,
              timeout: float = 60.0, sha256: str | None = None) -> Path:
     """Fetch, check, unpack and run the lakeFS release; returns the installed ``lakefs`` binary.
@@ -114,12 +131,17 @@ def download(version: str = LAKEFS_VERSION, target: Path | None = None, base_url
     url, target = release_url(version, base_url), Path(target or INSTALL_DIR)
     request = urllib.request.Request(url, headers={"User-Agent": "mnist-object-storage lakeFS downloader"})
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - https or a chosen mirror
+        with urllib.request.urlopen(request, timeout=timeout, context=https_context()) as response:  # noqa: S310
             archive = response.read()
     except urllib.error.HTTPError as err:
         raise DownloadError(f"could not fetch {url}: HTTP {err.code} {err.reason}") from None
     except (urllib.error.URLError, OSError) as err:
-        raise DownloadError(f"could not fetch {url}: {getattr(err, 'reason', err)}") from None
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise DownloadError(f"could not fetch {url}: its certificate is not trusted here "
+                                f"({reason.verify_message}); behind a proxy of your own, add its authority to "
+                                "SSL_CERT_FILE") from None
+        raise DownloadError(f"could not fetch {url}: {reason}") from None
     digest = hashlib.sha256(archive).hexdigest()
     if digest != expected:
         raise DownloadError(f"{url} has SHA-256 {digest}, not the pinned {expected}: it is not the lakeFS "

@@ -20,17 +20,19 @@ from helpers.private_files import write_private
 
 
 def our_process(record: dict) -> psutil.Process | None:
-    """The recorded process if it is alive and is the one ``up`` started: same pid, start time and executable.
+    """The recorded process if it is alive and is the one ``up`` started: same pid, start time and user.
 
-    A pid alone is not enough: after a reboot or a crash the number can belong to any program.
+    A pid alone is not enough: after a reboot or a crash the number can belong to any program. Its start
+    time tells: a later process with the same pid started later. The executable does not: macOS's Python
+    (python.org's, Homebrew's) starts as ``bin/python3.11`` and executes ``Python.app`` under the same pid,
+    after the record may have been written.
     """
     try:
         proc = psutil.Process(record["pid"])
-        if proc.status() == psutil.STATUS_ZOMBIE:
+        if proc.status() == psutil.STATUS_ZOMBIE or proc.uids().real != record.get("uid", os.getuid()):
             return None
         now = identity(proc)  # the wall-clock start moves when the clock is set, the start since boot does not
-        if now["exe"] != record["exe"] or not any(abs(now[key] - record[key]) <= 0.5
-                                                  for key in ("create_time", "since_boot") if key in record):
+        if not any(abs(now[key] - record[key]) <= 0.5 for key in ("create_time", "since_boot") if key in record):
             return None
         return proc
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError):
@@ -38,7 +40,10 @@ def our_process(record: dict) -> psutil.Process | None:
 
 
 def identity(proc: psutil.Process) -> dict:
-    """What tells the process from a later one with its pid: exe, start on the wall clock and since boot."""
+    """What tells the process from a later one with its pid: its start on the wall clock and since boot.
+
+    Its executable goes with it, for a reader of the record.
+    """
     started = proc.create_time()
     return {"pid": proc.pid, "create_time": started, "since_boot": started - psutil.boot_time(), "exe": proc.exe()}
 

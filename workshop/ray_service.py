@@ -136,7 +136,7 @@ def _temp_folder_of_its_own(state: Path) -> None:
 
     worker_env.private_ray_tmpdir()  # this user's own, not the /tmp/ray every user of the machine shares
     own = Path(os.environ["RAY_TMPDIR"]) / f"stack-{hashlib.sha256(str(state).encode()).hexdigest()[:8]}"
-    own.mkdir(mode=0o700, exist_ok=True)  # a short path: Ray's socket paths must fit in 107 bytes
+    own.mkdir(mode=0o700, exist_ok=True)  # worker_env.RAY_SOCKETS: 107 bytes on Linux, 103 on macOS (darwin)
     os.environ["RAY_TMPDIR"] = str(own)
 
 
@@ -153,7 +153,7 @@ def serve(state: Path, num_cpus: int | None, dashboard_port: int | None = None) 
     from helpers.settings import load_settings
 
     os.environ.pop("RAY_ADDRESS", None)  # not for this Ray's workers: a cluster left in the environment of `up`
-    for name, value in worker_env.LOCAL_RAY_DEFAULTS.items():
+    for name, value in worker_env.local_ray_defaults().items():
         os.environ.setdefault(name, value)
     env = worker_env.settings_env(load_settings(environ={}, stack_state=state))
     worker_env.loopback_only()

@@ -27,11 +27,10 @@ import socket
 import ssl
 from pathlib import Path
 
-from helpers.private_files import private_folder, private_temp_folder, write_private
+from helpers.private_files import private_folder, private_temp_folder, unix_socket_limit, write_private
 
 GRPC_SERVICES = ("master", "volume", "filer", "s3", "admin")  # the gRPC sockets weed mini opens in /tmp
 TLS_ROLES = ("master", "volume", "filer", "s3", "admin", "worker", "msg_broker", "msg_agent", "mq", "client")
-SOCKET_PATH_LIMIT = 107  # sun_path: bytes a Unix socket's path may have
 
 
 def config_dir(state: Path) -> Path:
@@ -91,12 +90,14 @@ def write_security(state: Path) -> Path:
 def socket_paths(state: Path) -> dict[str, Path]:
     """Where the filer's and the S3 gateway's Unix sockets go: the state folder, or a private one if its path is long.
 
-    A Unix socket's path has at most 107 bytes; a deep state folder would not fit.
+    A Unix socket's path has at most 107 bytes on Linux and 103 on macOS (darwin)
+    (:func:`helpers.private_files.unix_socket_limit`); a deep state folder would not fit.
     """
     paths = {name: state / f"{name}.sock" for name in ("filer", "s3")}
-    if all(len(str(path).encode()) <= SOCKET_PATH_LIMIT for path in paths.values()):
+    if all(len(str(path).encode()) <= unix_socket_limit() for path in paths.values()):
         return paths
-    short = private_temp_folder(f"stack-sockets-{hashlib.sha256(str(state).encode()).hexdigest()[:12]}")
+    short = private_temp_folder(f"stack-sockets-{hashlib.sha256(str(state).encode()).hexdigest()[:12]}",
+                                room=len("/filer.sock"))
     return {name: short / f"{name}.sock" for name in paths}
 
 

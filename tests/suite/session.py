@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.worker_env import reproducible_numerics
 from workshop import stack_ports
 
 # A kernel runs every cell with Python's own Ctrl-C handler: ipykernel ignores SIGINT between requests and
@@ -49,7 +50,7 @@ REUSE_STACK_ENV = "TUTORIAL_TEST_REUSE_STACK"  # tests/lessons/test_nbval_again.
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
 # The same floating-point results on any x86 machine with AVX2, for the seeded accuracies nbval compares; set
 # before the stack's Ray starts, whose workers inherit them.
-os.environ.update({"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})  # = helpers.worker_env.REPRODUCIBLE_NUMERICS
+os.environ.update(reproducible_numerics())
 
 
 def session_stack() -> Path | None:
