@@ -31,38 +31,17 @@ import pytest
 
 from helpers import stack_ray
 from helpers.settings import project_root
+from tests.platform.chromium import REQUIRE_ENV, chromium
 from tests.suite.ray_processes import ray_processes
 from workshop import stack_ports
 
-REQUIRE_ENV = "TUTORIAL_REQUIRE_BROWSER"
-CHROMIUM = os.environ.get("CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 SHOTS = project_root() / "runs" / "browser"
 NOTEBOOKS = ["01_upload_mnist", "02_list_and_split", "03_ray_data_preprocessing", "04_distributed_training",
              "05_tune_sweeps", "06_lakefs_parallel_experiments", "07_batch_inference", "08_serve_the_champion"]
 # stderr a notebook may print in JupyterLab, each with the reason it is expected. Anything else fails.
 EXPECTED_STDERR: list[tuple[str, str]] = []
-# Chromium's flags on a headless machine: no sandbox as root, and no background calls to Google's hosts,
-# which a machine without internet refuses many at a time.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.notebook]
-
-
-def browser_or_skip() -> None:
-    """Skip (or fail, under ``TUTORIAL_REQUIRE_BROWSER``) when Chromium or Playwright is missing."""
-    missing = []
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("Playwright (`pip install -r requirements.txt`)")
-    if not Path(CHROMIUM).is_file():
-        missing.append("Chromium (`sudo apt-get install chromium`)")
-    if missing:
-        why = "The browser test needs " + " and ".join(missing)
-        if os.environ.get(REQUIRE_ENV):
-            pytest.fail(f"{why}; {REQUIRE_ENV} is set, so that is a failure.")
-        pytest.skip(f"{why}; install it to run this test, or set {REQUIRE_ENV}=1 to make its absence a failure.")
 
 
 @dataclass
@@ -287,13 +266,8 @@ def shoot(page, name: str, heading: str | None = None) -> Path:
 
 @pytest.fixture(scope="module")
 def browser():
-    browser_or_skip()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+    with chromium() as started:
+        yield started
 
 
 @pytest.fixture(scope="module")
