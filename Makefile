@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-quick lab lab-link submit reset catch-up solutions stack-up stack-down stack-status notebooks export bench lint compose-check clean-runs
+.PHONY: install run test test-quick lab lab-link submit reset catch-up solutions stack-up stack-down stack-status notebooks export site bench lint compose-check clean-runs
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,9 @@ solutions: $(STAMP)  ## for an instructor: every notebook with every exercise's 
 
 export: $(STAMP)  ## regenerate helpers' lesson modules from the notebooks' #@save cells
 	$(PY) -m workshop.export
+
+site: $(STAMP)  ## the lessons as a website in runs/site/html, from the committed outputs (warnings are errors, links and offline checked); preview: python -m http.server -d runs/site/html
+	$(PY) -m workshop.site
 
 bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout
 	$(PY) benchmarks/bench_upload_listing.py
