@@ -90,6 +90,7 @@ bench: $(STAMP) stack-up  ## benchmarks: JSON in benchmarks/results/, a table on
 	$(PY) benchmarks/bench_serve.py
 	$(PY) benchmarks/bench_full_size.py
 	$(PY) benchmarks/bench_scale.py --cleanup
+	$(PY) benchmarks/bench_site.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check helpers workshop tests benchmarks

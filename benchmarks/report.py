@@ -925,10 +925,32 @@ def scale_section(scale: dict) -> list[str]:
     return out
 
 
+def site_section(data: dict) -> list[str]:
+    """``make site``'s time and the site's size, from ``site.json`` (``bench_site.py``)."""
+    builds = data.get("builds", [])
+    mib = 2**20
+    out = [measured_on(data, "bench_site.py"), f"`make site` (`python -m workshop.site`) run "
+           f"{plural(len(builds), 'time', True)}, each in a fresh process into an empty folder: Sphinx reads and "
+           "writes every page from scratch with warnings as errors, then every link, anchor and asset of the site "
+           "is checked ([the website](site.md)). CPU is the build's user and system time, what it costs on a "
+           f"machine with nothing else to do; the wall time was measured with the machine's load average at "
+           f"{data.get('load_average', '?')} (other work running beside it):"]
+    out.append(markdown_table(["", "median", "fastest", "slowest"], [
+        ["wall", f"{secs(data['median_wall_s'])} s", f"{secs(min(b['wall_s'] for b in builds))} s",
+         f"{secs(max(b['wall_s'] for b in builds))} s"],
+        ["CPU", f"{secs(data['median_cpu_s'])} s", f"{secs(min(b['cpu_s'] for b in builds))} s",
+         f"{secs(max(b['cpu_s'] for b in builds))} s"]]))
+    out.append(f"The site: {data['pages']} pages, {count(data['files'])} files, {data['bytes'] / mib:.1f} MiB:")
+    out.append(markdown_table(["part", "MiB", "share"], [
+        [part["part"], f"{part['bytes'] / mib:.2f}", percent(round(part["bytes"] / data["bytes"], 2))]
+        for part in data["parts"]]))
+    return out
+
+
 def results_page() -> str:
     """``docs/results.md``: every benchmark's tables and what they show, written from ``benchmarks/results/``."""
     names = ("upload_listing", "data_loading", "training", "tune_600", "tune_12000", "smoke", "inference",
-             "serve", "full_size", "scale")
+             "serve", "full_size", "scale", "site")
     data = {name: load(name) for name in names}
     machines = [d.get("machine", {}) for d in data.values()] + [
         run.get("machine", {}) for name in ("smoke", "scale") for run in data[name].get("runs", {}).values()]
@@ -955,6 +977,7 @@ def results_page() -> str:
         ("Online predictions", ["serve"], lambda: serve_section(data["serve"])),
         ("Full size", ["full_size"], lambda: full_size_section(data["full_size"])),
         ("How the cost grows", ["scale"], lambda: scale_section(data["scale"])),
+        ("The website", ["site"], lambda: site_section(data["site"])),
     ]
     for title, files, render in sections:
         out.append(f"## {title}")

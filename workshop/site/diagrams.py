@@ -2,7 +2,7 @@
 
 A notebook's ```` ```mermaid ```` fence (MyST turns it into this ``mermaid`` directive, see ``conf.py``)
 becomes ``<pre class="mermaid">`` holding the diagram's text; a page that has one loads
-``_static/vendor/mermaid-<version>.min.js`` and ``diagrams.js``, which draw each as an inline SVG once the
+``_static/vendored/mermaid-<version>.min.js`` and ``diagrams.js``, which draw each as an inline SVG once the
 page has loaded. Pages without a diagram load neither.
 """
 

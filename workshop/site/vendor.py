@@ -1,7 +1,7 @@
 """The site's vendored web assets: files taken from npm packages, each pinned by version and SHA-256.
 
 The site loads nothing from outside its folder, so a script it needs that no Python package ships
-(mermaid, which draws the notebooks' diagrams) is committed under ``workshop/site/static/vendor/``
+(mermaid, which draws the notebooks' diagrams) is committed under ``workshop/site/static/vendored/``
 with its license, and ``vendor.json`` beside it records where each file came from: the package, its
 version, its license, the npm registry's integrity of the package and the SHA-256 of the file. The
 build checks every file against that record (:func:`verify`) before it starts.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from helpers.errors import TutorialError
 
-VENDOR_DIR = Path(__file__).resolve().parent / "static" / "vendor"
+VENDOR_DIR = Path(__file__).resolve().parent / "static" / "vendored"
 MANIFEST = VENDOR_DIR / "vendor.json"
 
 
@@ -61,8 +61,8 @@ def manifest() -> dict[str, dict]:
 
 
 def asset_path(package: str) -> str:
-    """The site-relative path of ``package``'s vendored file under ``_static/`` (e.g. ``vendor/mermaid-...js``)."""
-    return f"vendor/{manifest()[package]['file']}"
+    """The site-relative path of ``package``'s vendored file under ``_static/`` (e.g. ``vendored/mermaid-...js``)."""
+    return f"vendored/{manifest()[package]['file']}"
 
 
 def verify() -> None:
