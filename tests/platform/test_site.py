@@ -282,11 +282,11 @@ def diagrams_drawn(page, expected: int) -> list[dict]:
                                      "svg.getBoundingClientRect().height : 0}; })")
 
 
-def shoot(page, name: str, selector: str | None = None) -> None:
-    """A screenshot into ``runs/site-shots/``, scrolled to ``selector`` where given."""
+def shoot(page, name: str, selector: str | None = None, block: str = "start") -> None:
+    """A screenshot into ``runs/site-shots/``, scrolled to ``selector`` where given (``block``: where it lands)."""
     SHOTS.mkdir(parents=True, exist_ok=True)
     if selector:
-        page.locator(selector).first.evaluate("element => element.scrollIntoView({block: 'start'})")
+        page.locator(selector).first.evaluate("(element, block) => element.scrollIntoView({block})", block)
         page.wait_for_timeout(300)
     page.screenshot(path=str(SHOTS / f"{name}.png"))
 
@@ -306,7 +306,7 @@ def test_each_notebook_page_shows_its_plots_and_diagrams_offline_with_no_error(c
         assert [image for image in images if image["width"] == 0] == [], "every image loaded"
         assert visit.page.locator("details:not([open]) > summary", has_text="Solution").count() >= 1
         if notebook.stem.startswith("04"):
-            shoot(visit.page, "site-04", "pre.mermaid")
+            shoot(visit.page, "site-04", "pre.mermaid", block="center")
         if notebook.stem.startswith("08"):
             shoot(visit.page, "site-08", "#try-it")
         assert visit.blocked == [], "requests outside the site"
