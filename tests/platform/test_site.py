@@ -161,14 +161,34 @@ def test_the_link_checker_reads_srcset_styles_and_icons_and_lets_readers_follow_
                         "a.html: <a> links to b/: no such file in the site"]), problems
 
 
-def test_math_stops_the_build_until_a_renderer_is_vendored(tmp_path):
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "conf.py").write_text('extensions = ["myst_parser", "workshop.site.no_math"]\n'
-                                              'myst_enable_extensions = ["dollarmath"]\n')
-    (tmp_path / "src" / "index.md").write_text("# Area\n\nA circle's area is $\\pi r^2$.\n")
-    done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q", str(tmp_path / "src"),
+def sphinx_on(tmp_path: Path, pages: dict[str, str]) -> subprocess.CompletedProcess:
+    """A small Sphinx project with myst-nb and the site's math check, warnings as errors, built from ``pages``."""
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "conf.py").write_text('extensions = ["myst_nb", "workshop.site.no_math"]\n'
+                                    'myst_enable_extensions = ["dollarmath"]\nnb_execution_mode = "off"\n'
+                                    'nb_ipywidgets_js = {}\n')
+    for name, text in pages.items():
+        (source / name).write_text(text)
+    return subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q", str(source),
                            str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_math_stops_the_build_until_a_renderer_is_vendored(tmp_path):
+    done = sphinx_on(tmp_path, {"index.md": "# Area\n\nA circle's area is $\\pi r^2$.\n"})
     assert done.returncode != 0 and "this page has math ('\\\\pi r^2')" in done.stderr, done.stderr
+
+
+def test_a_latex_form_beside_the_html_one_a_page_shows_is_not_math(tmp_path):
+    output = {"output_type": "display_data", "metadata": {},
+              "data": {"text/html": "<b>x squared</b>", "text/latex": "$x^2$", "text/plain": "x**2"}}
+    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"language_info": {"name": "python"}},
+                "cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": "# Squares"},
+                          {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": 1,
+                           "source": "x**2", "outputs": [output]}]}
+    done = sphinx_on(tmp_path, {"index.ipynb": json.dumps(notebook)})
+    assert done.returncode == 0, done.stderr
+    assert "<b>x squared</b>" in (tmp_path / "out" / "index.html").read_text()
 
 
 def test_a_vendored_script_that_changed_stops_the_build(tmp_path, monkeypatch):
@@ -292,6 +312,7 @@ def shoot(page, name: str, selector: str | None = None, block: str = "start") ->
 
 
 @pytest.mark.browser
+@pytest.mark.slow  # Chromium: make test runs it, make test-quick leaves it out
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem[:2])
 def test_each_notebook_page_shows_its_plots_and_diagrams_offline_with_no_error(context, served, notebook):
     visit = open_offline(context, served, f"notebooks/{notebook.stem}.html")
@@ -316,6 +337,7 @@ def test_each_notebook_page_shows_its_plots_and_diagrams_offline_with_no_error(c
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_every_other_page_loads_offline_with_no_error_and_its_images_shown(context, served, site):
     pages = ["index.html", "search.html", *(f"{page}.html" for page in learning_path.guide_pages(ROOT))]
     visits = {path: open_offline(context, served, path, wait_until="commit") for path in pages}  # in tabs at once
@@ -332,6 +354,7 @@ def test_every_other_page_loads_offline_with_no_error_and_its_images_shown(conte
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_the_search_finds_notebook_04_for_checkpoint_offline(context, served):
     visit = open_offline(context, served, "search.html?q=checkpoint")
     try:
@@ -344,6 +367,7 @@ def test_the_search_finds_notebook_04_for_checkpoint_offline(context, served):
 
 
 @pytest.mark.browser
+@pytest.mark.slow
 def test_chromium_blocks_and_counts_a_planted_outside_script_and_image(context, tmp_path):
     (tmp_path / "planted.html").write_text('<html><body><img src="https://img.example/x.png">'
                                            '<script src="https://cdn.jsdelivr.net/npm/mermaid/dist/mermaid.min.js">'

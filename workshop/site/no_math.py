@@ -16,8 +16,12 @@ from sphinx.util import logging
 logger = logging.getLogger(__name__)
 
 
-def refuse_math(app: Sphinx, doctree: nodes.document) -> None:
-    """On ``doctree-read``: one warning for a page that holds math (inline, a block, or a LaTeX output)."""
+def refuse_math(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """On ``doctree-resolved``: one warning for a page that holds math (inline, a block, or a LaTeX output).
+
+    Resolved, not read: by then myst-nb has kept one form of each output, so a LaTeX form beside the HTML
+    or image form a page shows is not math on the page.
+    """
     found = next(iter(doctree.findall(lambda node: isinstance(node, (nodes.math, nodes.math_block)))), None)
     if found is not None:
         logger.warning("this page has math (%r), and the site has no math renderer of its own: vendor one "
@@ -27,5 +31,5 @@ def refuse_math(app: Sphinx, doctree: nodes.document) -> None:
 
 def setup(app: Sphinx) -> dict:
     """Register the check with Sphinx."""
-    app.connect("doctree-read", refuse_math)
+    app.connect("doctree-resolved", refuse_math)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
