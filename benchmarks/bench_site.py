@@ -23,6 +23,8 @@ from pathlib import Path
 
 from common import print_table, write_results
 
+from workshop.site import build
+
 ROOT = Path(__file__).resolve().parent.parent
 # What the site's size is made of: (label, test on a file's path in the site).
 PARTS = [
@@ -48,10 +50,10 @@ def one_build(out: Path) -> dict:
 
 
 def site_contents(html: Path) -> dict:
-    """The built site: pages, files, bytes, and the bytes of each of :data:`PARTS`."""
+    """The built site: its pages (one per document), files, bytes, and the bytes of each of :data:`PARTS`."""
     files = {path.relative_to(html): path.stat().st_size for path in html.rglob("*") if path.is_file()}
     parts = [{"part": label, "bytes": sum(size for path, size in files.items() if test(path))} for label, test in PARTS]
-    return {"pages": sum(1 for path in files if PARTS[0][1](path)), "files": len(files),
+    return {"pages": len(build.rendered_pages(html)), "files": len(files),
             "bytes": sum(files.values()), "parts": parts}
 
 

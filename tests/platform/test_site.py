@@ -31,7 +31,7 @@ import pytest
 
 from helpers.settings import project_root
 from tests.platform.chromium import chromium
-from workshop.site import learning_path, offline_check, vendor
+from workshop.site import build, learning_path, offline_check, vendor
 
 ROOT = project_root()
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -82,6 +82,8 @@ def test_the_build_has_the_readme_the_notebooks_in_order_and_every_guide(site):
     assert in_sidebar == notebooks + guides, "the sidebar follows the learning path"
     for page in notebooks + guides:
         assert (site / f"{page}.html").is_file(), page
+    assert [path.relative_to(site).as_posix() for path in build.rendered_pages(site)] == sorted(
+        f"{page}.html" for page in ["README", *notebooks, *guides])
 
 
 def test_the_built_site_has_no_broken_link_or_anchor_and_loads_nothing_from_outside(site):

@@ -42,6 +42,15 @@ class Site:
                 f"built and checked in {self.seconds:.1f} s")
 
 
+def rendered_pages(html: Path) -> list[Path]:
+    """The site's pages, one per document: the README, each notebook, each guide.
+
+    Not ``index.html`` (the README's copy), Sphinx's search and index pages, or the theme's files.
+    """
+    return sorted(path for path in html.rglob("*.html") if not path.relative_to(html).parts[0].startswith("_")
+                  and path.relative_to(html).as_posix() not in ("index.html", "search.html", "genindex.html"))
+
+
 def sphinx_build(out: Path, quiet: bool = True) -> int:
     """Run Sphinx's HTML builder over the repository into ``out/html``; its exit status (0: no warning)."""
     from sphinx.cmd.build import build_main
@@ -77,5 +86,5 @@ def build(out: Path = OUT, quiet: bool = True) -> Site:
     if problems:
         raise SiteError(f"{len(problems)} problems in the built site:\n  " + "\n  ".join(problems))
     files = [path for path in html.rglob("*") if path.is_file()]
-    pages = [path for path in files if path.suffix == ".html" and not path.relative_to(html).parts[0].startswith("_")]
-    return Site(html, len(pages), len(files), sum(path.stat().st_size for path in files), time.monotonic() - started)
+    return Site(html, len(rendered_pages(html)), len(files), sum(path.stat().st_size for path in files),
+                time.monotonic() - started)

@@ -47,7 +47,8 @@ class PageParser(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         """Note the tag's ``id``, the link it makes, and what it makes the browser load."""
         values = {name: value or "" for name, value in attrs}
-        self.page.ids |= {values[name] for name in ("id",) if name in values}
+        if "id" in values:
+            self.page.ids.add(values["id"])
         if tag == "a" and "name" in values:
             self.page.ids.add(values["name"])
         self.in_style = tag == "style"
