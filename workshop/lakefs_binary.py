@@ -156,3 +156,27 @@ def download(version: str = LAKEFS_VERSION, target: Path | None = None, base_url
         for name in ("lakefs", "lakectl"):
             os.replace(Path(unpacked) / name, target / name)
     return target / "lakefs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workshop.lakefs_binary --from URL --to FOLDER``: fetch, check and install the pinned release.
+
+    ``make install KIT=...`` runs it on the kit's copy of the releases (a ``file://`` or the kit server's URL).
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m workshop.lakefs_binary", description=__doc__.split("\n")[0])
+    parser.add_argument("--from", dest="base_url", help="where the releases are (default: lakeFS's on GitHub)")
+    parser.add_argument("--to", type=Path, default=INSTALL_DIR, help=f"the folder to install into ({INSTALL_DIR})")
+    args = parser.parse_args(argv)
+    try:
+        binary = download(base_url=args.base_url, target=args.to)
+    except DownloadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"lakeFS {LAKEFS_VERSION} installed: {binary}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,7 +11,6 @@ in tests/platform/test_kit.py, from a workshop kit with the network cut.
 from __future__ import annotations
 
 import os
-import signal
 import ssl
 import subprocess
 import sys

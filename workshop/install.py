@@ -1,0 +1,253 @@
+"""``make install``: the locked packages into .venv, from the package registry or from a workshop kit.
+
+* ``make install`` (no kit): pip installs ``requirements.lock``, every file checked against its hashes.
+* ``make install KIT=<folder>`` (a USB stick, a copied folder): first every wheel this machine needs is
+  checked against the kit's manifest (a missing wheel, or one with a changed byte, is named in one line
+  and nothing is installed), then uv, itself from the kit, installs the lock from that folder alone.
+* ``make install INDEX=http://<instructor>:<port>/<key>/`` (``make kit-serve``): the same, over the
+  instructor's read-only server, with uv checking every file against the lock's hashes as it arrives.
+
+From a kit the lakeFS binary comes from the kit too, checked against its pinned SHA-256, into .venv/bin.
+uv installs a kit in about half pip's time (``benchmarks/results/kit.json``); from the registry pip keeps
+whatever configuration a learner's machine gives it (mirrors, proxies, certificates).
+
+This runs before anything is installed, so it needs the standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCK = ROOT / "requirements.lock"
+MANIFEST = "manifest.json"  # = workshop.kit.MANIFEST
+
+
+class InstallError(RuntimeError):
+    """The install cannot go on (the message, one line, says what to do)."""
+
+
+def platform_name(system: str | None = None, machine: str | None = None) -> str:
+    """This machine as the lock and the kit name it: ``linux-x86_64``, ``linux-aarch64`` or ``macos-arm64``.
+
+    Raises:
+        InstallError: a machine the lock is not resolved for (an Intel Mac, Windows outside WSL).
+    """
+    system, machine = (system or platform.system()).lower(), (machine or platform.machine()).lower()
+    name = {("linux", "x86_64"): "linux-x86_64", ("linux", "amd64"): "linux-x86_64",
+            ("linux", "aarch64"): "linux-aarch64", ("linux", "arm64"): "linux-aarch64",
+            ("darwin", "arm64"): "macos-arm64"}.get((system, machine))
+    if name is None:
+        raise InstallError(f"this machine ({system} {machine}) is not one the lock is for: macOS on Apple silicon, "
+                           "Linux on x86-64 or aarch64, or Windows through WSL2 (docs/quickstart.md)")
+    return name
+
+
+def python_version() -> str:
+    """This interpreter's ``major.minor``."""
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(text: str, source: str) -> dict:
+    """The kit's manifest, checked to be for this checkout's lock.
+
+    Raises:
+        InstallError: it is not a kit's manifest, or the kit was made from another lock.
+    """
+    try:
+        manifest = json.loads(text)
+        lock_sha256 = manifest["lock_sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise InstallError(f"{source} is not a workshop kit's manifest: point KIT or INDEX at what `make kit` "
+                           "wrote, or `make kit-serve` printed") from None
+    if lock_sha256 != sha256_of(LOCK):
+        raise InstallError(f"the kit at {source} was made from another requirements.lock than this checkout's: "
+                           "use the repository the kit carries (its README says how), or make the kit again")
+    return manifest
+
+
+def wheels_for_here(manifest: dict, source: str) -> list[dict]:
+    """The kit's wheels for this machine and Python: ``{"file", "sha256", "size"}`` each.
+
+    Raises:
+        InstallError: the kit has none for this platform or Python.
+    """
+    name, python = platform_name(), python_version()
+    wheels = manifest.get("wheels", {}).get(name, {}).get(python)
+    if not wheels:
+        made_for = ", ".join(f"{p} (Python {', '.join(v)})" for p, v in manifest.get("wheels", {}).items())
+        raise InstallError(f"the kit at {source} has no wheels for {name} with Python {python}; it holds "
+                           f"{made_for or 'none'}: the instructor adds them with `make kit PLATFORMS={name} "
+                           f"PYTHONS={python}`")
+    return wheels
+
+
+def check_wheel(path: Path, wheel: dict, source: str) -> None:
+    """The wheel is there with the hash the kit recorded (the lock's).
+
+    Raises:
+        InstallError: it is missing or differs, by name; nothing has been installed then.
+    """
+    if not path.is_file():
+        raise InstallError(f"the kit at {source} is missing {wheel['file']}: copy the kit again, or make it again "
+                           "with `make kit`; nothing was installed")
+    found = sha256_of(path)
+    if found != wheel["sha256"]:
+        raise InstallError(f"{wheel['file']} from the kit at {source} fails its hash check (SHA-256 {found}, locked "
+                           f"{wheel['sha256']}): the copy is damaged or changed; copy the kit again. Nothing was "
+                           "installed")
+
+
+def check_wheels(kit: Path, wheels: list[dict]) -> None:
+    """Every wheel of ``wheels`` in the kit's folder, with its recorded hash (:func:`check_wheel`)."""
+    for wheel in wheels:
+        check_wheel(kit / "wheels" / wheel["file"], wheel, str(kit))
+
+
+def pinned_block(name: str) -> str:
+    """The lock's entry for ``name``: its ``==`` line and hash lines, as a requirements file of one."""
+    found = re.search(rf"^{re.escape(name)}==[^\n]*(?:\n    --hash=[^\n]*)*", LOCK.read_text(), flags=re.MULTILINE)
+    if not found:
+        raise InstallError(f"{name} is not in requirements.lock: run `make lock`")
+    return found[0].replace(" \\\n", " ").replace("\\\n", " ") + "\n"
+
+
+def run(command: list[str], what: str) -> None:
+    """Run an installer; where it fails, its own reason in one line.
+
+    Raises:
+        InstallError: ``what`` failed, with the installer's reason.
+    """
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        lines = [re.sub(r"^[\s×├─╰▶│:]+", "", line).strip() for line in (done.stderr or done.stdout).splitlines()]
+        reason = "; ".join(line for line in lines if line and not line.startswith(("help:", "hint:", "WARNING:")))
+        raise InstallError(f"{what} failed: {reason[:1500] or f'exit status {done.returncode}'}")
+
+
+def install_project() -> None:
+    """``helpers`` and ``workshop`` themselves, editable, with the setuptools the lock installed."""
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "-e", str(ROOT)], "installing this project")
+
+
+def from_registry(lock: Path = LOCK) -> None:
+    """Install the lock from the package registry with pip, hashes required; then this project."""
+    run([sys.executable, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "-r", str(lock)],
+        f"installing {lock.name}")
+    install_project()
+
+
+def uv_from(find_links: Path) -> list[str]:
+    """Install uv (the lock's, hash-checked) from a folder of wheels; the command that runs it."""
+    with tempfile.TemporaryDirectory() as folder:
+        single = Path(folder) / "uv.txt"
+        single.write_text(pinned_block("uv"))
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(find_links),
+             "--require-hashes", "--no-deps", "-r", str(single)], "installing uv from the kit")
+    return [sys.executable, "-m", "uv", "--no-config", "pip", "install", "--quiet", "--python", sys.executable,
+            "--require-hashes", "--no-deps"]
+
+
+def lakefs_from(base_url: str, manifest: dict) -> None:
+    """Install the kit's lakeFS binary into this environment's bin folder, where the stack finds it; else one line."""
+    archive = manifest.get("lakefs", {}).get(platform_name())
+    if not archive:
+        print("The kit holds no lakeFS for this machine: notebook 06 will say how to get one; the others run.")
+        return
+    run([sys.executable, "-m", "workshop.lakefs_binary", "--from", base_url, "--to", str(Path(sys.prefix) / "bin")],
+        "installing lakeFS from the kit")
+
+
+def from_kit(kit: Path) -> None:
+    """Check the kit's wheels for this machine, then install the lock from that folder alone."""
+    kit = kit.resolve()
+    try:
+        manifest = read_manifest((kit / MANIFEST).read_text(), str(kit))
+    except OSError:
+        raise InstallError(f"{kit} holds no {MANIFEST}: KIT names the folder `make kit` wrote") from None
+    check_wheels(kit, wheels_for_here(manifest, str(kit)))
+    run([*uv_from(kit / "wheels"), "--no-index", "--find-links", str(kit / "wheels"), "-r", str(LOCK)],
+        f"installing requirements.lock from {kit}")
+    install_project()
+    lakefs_from((kit / "lakefs").as_uri() + "/", manifest)
+
+
+def fetch(url: str, timeout: float = 30.0) -> bytes:
+    """GET ``url`` from the instructor's server, bounded.
+
+    Raises:
+        InstallError: it does not answer, or answers with an error.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - the kit's own address
+            return response.read()
+    except urllib.error.HTTPError as err:
+        raise InstallError(f"{url} answered {err.code} {err.reason}: check the address `make kit-serve` "
+                           "printed (its key included)") from None
+    except (urllib.error.URLError, OSError) as err:
+        raise InstallError(f"{url} does not answer ({getattr(err, 'reason', err)}): is `make kit-serve` running, "
+                           "and is this machine on the instructor's network?") from None
+
+
+def from_index(index: str) -> None:
+    """Install the lock from a kit served by ``make kit-serve``, every file checked against the lock's hashes."""
+    index = index.rstrip("/") + "/"
+    manifest = read_manifest(fetch(index + MANIFEST).decode(), index)
+    wheels = wheels_for_here(manifest, index)
+    uv_wheel = next((w for w in wheels if w["file"].startswith("uv-")), None)
+    if uv_wheel is None:
+        raise InstallError(f"the kit at {index} holds no uv wheel for this machine: make the kit again")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / uv_wheel["file"]
+        path.write_bytes(fetch(index + "wheels/" + uv_wheel["file"]))
+        check_wheel(path, uv_wheel, index)
+        command = uv_from(Path(folder))
+    run([*command, "--index-url", index + "simple/", "-r", str(LOCK)], f"installing requirements.lock from {index}")
+    install_project()
+    lakefs_from(index + "lakefs/", manifest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workshop.install [--kit FOLDER | --index URL]`` (``make install``)."""
+    parser = argparse.ArgumentParser(prog="python -m workshop.install", description=__doc__.split("\n")[0])
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--kit", type=Path, help="a workshop kit's folder (make kit)")
+    source.add_argument("--index", help="a workshop kit served by make kit-serve: the address it printed")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+    try:
+        if args.kit:
+            from_kit(args.kit)
+        elif args.index:
+            from_index(args.index)
+        else:
+            from_registry()
+    except InstallError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
