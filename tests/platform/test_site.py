@@ -164,12 +164,13 @@ def test_the_link_checker_reads_srcset_styles_and_icons_and_lets_readers_follow_
 
 
 def sphinx_on(tmp_path: Path, pages: dict[str, str]) -> subprocess.CompletedProcess:
-    """A small Sphinx project with myst-nb and the site's math check, warnings as errors, built from ``pages``."""
+    """A small Sphinx project with the site's configuration, warnings as errors, built from ``pages``."""
     source = tmp_path / "src"
-    source.mkdir()
-    (source / "conf.py").write_text('extensions = ["myst_nb", "workshop.site.no_math"]\n'
-                                    'myst_enable_extensions = ["dollarmath"]\nnb_execution_mode = "off"\n'
-                                    'nb_ipywidgets_js = {}\n')
+    source.mkdir(parents=True)
+    conf = (ROOT / "workshop" / "site" / "conf.py").read_text()
+    settings = conf[conf.index("# Notebooks:"):conf.index("# HTML:")]  # how notebooks and markdown are read
+    (source / "conf.py").write_text('extensions = ["myst_nb", "workshop.site.notebook_pages", "workshop.site.no_math"]'
+                                    '\n' + settings)
     for name, text in pages.items():
         (source / name).write_text(text)
     return subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "-q", str(source),
@@ -181,16 +182,24 @@ def test_math_stops_the_build_until_a_renderer_is_vendored(tmp_path):
     assert done.returncode != 0 and "this page has math ('\\\\pi r^2')" in done.stderr, done.stderr
 
 
-def test_a_latex_form_beside_the_html_one_a_page_shows_is_not_math(tmp_path):
-    output = {"output_type": "display_data", "metadata": {},
-              "data": {"text/html": "<b>x squared</b>", "text/latex": "$x^2$", "text/plain": "x**2"}}
-    notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"language_info": {"name": "python"}},
-                "cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": "# Squares"},
-                          {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": 1,
-                           "source": "x**2", "outputs": [output]}]}
-    done = sphinx_on(tmp_path, {"index.ipynb": json.dumps(notebook)})
-    assert done.returncode == 0, done.stderr
-    assert "<b>x squared</b>" in (tmp_path / "out" / "index.html").read_text()
+def notebook_with(*outputs: dict) -> str:
+    """A one-code-cell notebook whose cell has ``outputs`` (display data, each a dict of forms)."""
+    cell = {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": 1, "source": "x",
+            "outputs": [{"output_type": "display_data", "metadata": {}, "data": data} for data in outputs]}
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {"language_info": {"name": "python"}},
+                       "cells": [{"cell_type": "markdown", "id": "a", "metadata": {}, "source": "# Outputs"}, cell]})
+
+
+def test_each_output_shows_the_form_a_reader_can_see_and_one_it_cannot_stops_the_build(tmp_path):
+    shown = notebook_with({"text/html": "<b>x squared</b>", "text/latex": "$x^2$", "text/plain": "x**2"},
+                          {"application/vnd.jupyter.widget-view+json": {"model_id": "m"}, "text/plain": "50%|#####"},
+                          {"application/json": {"machine": 1}, "text/markdown": "**for people**"})
+    done = sphinx_on(tmp_path / "shown", {"index.ipynb": shown})
+    assert done.returncode == 0, done.stderr  # LaTeX beside HTML is no math; JSON beside markdown is no warning
+    page = (tmp_path / "shown" / "out" / "index.html").read_text()
+    assert "<b>x squared</b>" in page and "50%|#####" in page and "<strong>for people</strong>" in page
+    done = sphinx_on(tmp_path / "unseen", {"index.ipynb": notebook_with({"application/vnd.example": "?"})})
+    assert done.returncode != 0 and "unknown output mime type: application/vnd.example" in done.stderr
 
 
 def test_a_vendored_script_that_changed_stops_the_build(tmp_path, monkeypatch):

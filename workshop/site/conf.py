@@ -30,6 +30,8 @@ extensions = [
 # myst-nb's widget scripts come from a CDN: none.
 nb_execution_mode = "off"
 nb_ipywidgets_js: dict = {}
+# ... so a widget (a progress bar) shows the text form its output carries, as on a code host's viewer.
+nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None)]
 nb_merge_streams = True  # one block per cell for its stdout, as JupyterLab shows it
 nb_render_markdown_format = "myst"  # a markdown output's tables (the summaries) render as tables
 

@@ -27,7 +27,7 @@ RENDERED = {"text/plain", "text/html", "text/markdown", "text/latex", "image/png
 
 def displayed_forms_only(app: Sphinx, docname: str, source: list[str]) -> None:
     """On ``source-read`` of a notebook: drop the forms myst-nb cannot render from outputs that have one it can."""
-    if not NOTEBOOK_DOC.match(docname):
+    if app.env.doc2path(docname).suffix != ".ipynb":
         return
     notebook = json.loads(source[0])
     for cell in notebook["cells"]:
