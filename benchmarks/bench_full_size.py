@@ -40,9 +40,9 @@ KEPT = {"01": ("objects",), "02": ("train pointers", "test pointers"),
         "03": ("pointers",),
         "04": ("validation accuracy", "test accuracy", "load seconds", "training seconds", "epochs",
                "training images", "validation images"),
-        "05": ("trials", "best val_accuracy", "test_accuracy", "sweep seconds"),
-        "06": ("objects imported", "experiments", "winner", "winner val_accuracy",
-               "winner test_accuracy (measured once)", "champion val_accuracy", "reproduced"),
+        "05": ("trials", "chosen val_accuracy", "test_accuracy", "sweep seconds"),
+        "06": ("objects imported", "experiments", "chosen", "chosen val_accuracy", "chosen is the winner",
+               "chosen test_accuracy (measured once)", "champion val_accuracy", "reproduced"),
         "07": ("model source", "images predicted", "test_accuracy from the Parquet",
                "Ray Data seconds", "driver seconds")}
 

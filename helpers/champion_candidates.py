@@ -1,7 +1,8 @@
 """The day's trained models, found in MLflow: notebook 04's latest run and notebook 05's best trial (06, 07, 08).
 
 06 (choosing on validation images) and 07 compare their champion with the day's other models on the same images.
-04's latest finished run logs its model; 05's latest sweep logs its winner in its parent run, tuned values as best_*.
+04's latest finished run logs its model; 05's latest sweep logs its chosen model in its parent run, with the
+chosen configuration's tuned values as chosen_*.
 """
 
 from __future__ import annotations
@@ -45,15 +46,15 @@ def latest_training_model(client, experiment: str) -> ModelChoice | None:
 
 
 def latest_sweep(client, experiment: str):
-    """The latest finished sweep of ``experiment`` (notebook 05's parent run, which holds the winner), or None."""
+    """The latest finished sweep of ``experiment`` (notebook 05's parent run, which holds its chosen model), or None."""
     for run in _finished_runs(client, experiment, max_results=50):
-        if "mlflow.parentRunId" not in run.data.tags and any(key.startswith("best_") for key in run.data.params):
+        if "mlflow.parentRunId" not in run.data.tags and any(key.startswith("chosen_") for key in run.data.params):
             return run
     return None
 
 
-def best_sweep_model(client, experiment: str) -> ModelChoice | None:
-    """The winner of the latest finished sweep of ``experiment`` (notebook 05's), or None."""
+def chosen_sweep_model(client, experiment: str) -> ModelChoice | None:
+    """The model the latest finished sweep of ``experiment`` chose (notebook 05's), or None."""
     run = latest_sweep(client, experiment)
     uri = _logged_model(client, run) if run else None
     if not uri:
@@ -61,30 +62,30 @@ def best_sweep_model(client, experiment: str) -> ModelChoice | None:
     return ModelChoice(uri, f"notebook 05's sweep {run.info.run_name}", run.data.metrics.get("test_accuracy"))
 
 
-def best_sweep_params(client, experiment: str) -> tuple[dict[str, Any], str] | None:
-    """The tuned values of the latest finished sweep's winner, and the sweep's name; None without a sweep."""
+def chosen_sweep_params(client, experiment: str) -> tuple[dict[str, Any], str] | None:
+    """The tuned values the latest finished sweep chose, and the sweep's name; None without a sweep."""
     run = latest_sweep(client, experiment)
     if run is None:
         return None
     params = {}
     for key, text in run.data.params.items():
-        if key.startswith("best_"):
+        if key.startswith("chosen_"):
             try:
-                params[key[len("best_"):]] = json.loads(text)
+                params[key[len("chosen_"):]] = json.loads(text)
             except ValueError:
-                params[key[len("best_"):]] = text
+                params[key[len("chosen_"):]] = text
     return params, run.info.run_name
 
 
 def day_models(client, training_experiment: str, sweep_experiment: str) -> dict[str, ModelChoice]:
-    """Notebook 04's latest model and notebook 05's best, by name, where they exist."""
+    """Notebook 04's latest model and notebook 05's chosen one, by name, where they exist."""
     found = {"notebook 04": latest_training_model(client, training_experiment),
-             "notebook 05": best_sweep_model(client, sweep_experiment)}
+             "notebook 05": chosen_sweep_model(client, sweep_experiment)}
     return {name: choice for name, choice in found.items() if choice is not None}
 
 
-def accuracies(models: dict[str, ModelChoice], images: np.ndarray, labels: np.ndarray) -> dict[str, float]:
-    """Each model's accuracy on the same images, recomputed here (the numbers logged may be other images')."""
+def predictions(models: dict[str, ModelChoice], images: np.ndarray) -> dict[str, np.ndarray]:
+    """Each model's predictions of the same images, made here: what accuracies and paired tests are computed from."""
     import mlflow
     import torch
 
@@ -92,8 +93,7 @@ def accuracies(models: dict[str, ModelChoice], images: np.ndarray, labels: np.nd
     for name, choice in models.items():
         net = mlflow.pytorch.load_model(choice.uri)
         with torch.no_grad():
-            predicted = net(torch.as_tensor(images)).argmax(dim=1).numpy()
-        out[name] = float((predicted == np.asarray(labels)).mean()) if len(labels) else 0.0
+            out[name] = net(torch.as_tensor(images)).argmax(dim=1).numpy()
     return out
 
 

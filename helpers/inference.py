@@ -9,14 +9,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from helpers.champion_candidates import ModelChoice, accuracies, day_models
+from helpers.champion_candidates import ModelChoice, day_models, predictions
 from helpers.settings import Settings, check_count, load_settings
 from helpers.inference_support import train_first
 from helpers.listing import get_train_test_data, split_validation
 from helpers.preprocess import decode_images, preprocess_with_actors, to_ray_dataset
 from helpers.serving_support import register_as
 from helpers.storage import get_client, read_object
-from helpers.training import clearly_better, with_interval
+from helpers.training import accuracy, clearly_better, paired_test, with_interval
 from helpers.training_support import require_gpus
 
 PREDICTIONS_PREFIX = "predictions"  # predictions/<run name>/ in the data bucket
@@ -68,11 +68,15 @@ def hold_champion_rule(client, name: str, bucket: str, smoke_test_size: int, reg
     images, labels = validation_images(bucket, smoke_test_size, settings)
     if champion is not None:
         day["champion"] = champion
-    scores, n = accuracies(day, images, labels), len(labels)
+    predicted, n = predictions(day, images), len(labels)  # each model's predictions of the same images
+    scores = {key: accuracy(p, labels) for key, p in predicted.items()}
     best = max((key for key in day if key != "champion"), key=lambda key: scores[key])
     said = f"the best of the day, {day[best].source}: {with_interval(scores[best], n)} on the validation images"
-    if champion is not None and not clearly_better(scores[best], n, scores["champion"], n):
-        return f"@champion stays {champion.source}, {with_interval(scores['champion'], n)}; {said}: not clearly better"
+    if champion is not None and not clearly_better(predicted[best], predicted["champion"], labels):
+        return (f"@champion stays {champion.source}, {with_interval(scores['champion'], n)}; {said}; against the "
+                f"champion it is {paired_test(predicted[best], predicted['champion'], labels)}")
+    if champion is not None:
+        said += f"; against the champion before it, it is {paired_test(predicted[best], predicted['champion'], labels)}"
     version = register_as(client, name, day[best], "champion", tags={"registered_by": registered_by})
     return f"@champion is now version {version.version}, registered by {registered_by}: {said}"
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lakefs
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 - the usual torch alias
 from mlflow.tracking import MlflowClient
@@ -23,12 +24,13 @@ from helpers import champion_candidates, tracking
 from helpers.cluster import init_ray
 from helpers.settings import ParameterError, Settings
 from helpers.dataset_cache import read_once
-from helpers.listing import split_train_test, split_validation
+from helpers.listing import smoke_split, split_train_test, split_validation
 from helpers.preprocess import dataset_to_numpy, pointers_to_datasets, shuffle_pointers
 from helpers.storage import bucket_not_found, endpoint_of, ensure_bucket, get_client, object_store_errors
 from helpers.interrupts import stop_cleanly
-from helpers.training import (DEFAULT_PARAMS, accuracy, checkpoint_state, clearly_better, load_checkpoint,
-                              log_dataset, log_torch_model, make_trainer, unique_run_name)
+from helpers.training import (DEFAULT_NUM_WORKERS, DEFAULT_PARAMS, accuracy, accuracy_interval, checkpoint_state,
+                              clearly_better, load_checkpoint, log_dataset, log_torch_model, make_trainer,
+                              paired_test, predict, unique_run_name)
 from helpers.versioning import (LAKEFS_BUCKET, LakeFSError, check_repository_name, check_same_object_store,
                                 current_import, lakefs_errors, storage_namespace, wait_for_import)
 from helpers.training_support import check_params
@@ -153,34 +155,44 @@ def commit_pointers(repo, ref: str, prefixes: Sequence[str] = ("train/", "test/"
     return buckets[0], {path: key for path, (_, key) in where.items()}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id 10c0eb3e).
-def commit_datasets(repo, ref: str, num_actors: int = 2):
-    """Preprocessed Ray Datasets ``(train, validation, test)`` of the images at ``ref``, listed in lakeFS.
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 28 (id d40ab3ab).
+def commit_splits(repo, ref: str, smoke_test_size: int) -> tuple[str, list[tuple[list[str], list[int]]]]:
+    """The bucket, and ``(keys, labels)`` of the training, validation and test images ``smoke_test_size`` names.
+
+    Chosen from what ``ref`` holds as notebook 02 chooses from a bucket's listing (0: all): the same images as
+    notebooks 04, 05 and 07 use, whatever else the bucket holds.
+    """
+    bucket, key_of = commit_pointers(repo, ref)
+    x_train, y_train, x_test, y_test = smoke_split(*split_train_test(sorted(key_of)), smoke_test_size)
+    (x_fit, y_fit), (x_val, y_val) = split_validation(x_train, y_train)
+    train = shuffle_pointers([key_of[p] for p in x_fit], y_fit, seed=0)
+    return bucket, [train, ([key_of[p] for p in x_val], y_val), ([key_of[p] for p in x_test], y_test)]
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 30 (id 10c0eb3e).
+def commit_datasets(repo, ref: str, smoke_test_size: int, num_actors: int = 2):
+    """Preprocessed Ray Datasets ``(train, validation, test)`` of the images at ``ref`` that ``smoke_test_size`` names.
 
     The validation images are notebook 02's (training images from MNIST index 50,000), as in notebooks 04 and 05.
     """
-    bucket, key_of = commit_pointers(repo, ref)
-    x_train, y_train, x_test, y_test = split_train_test(sorted(key_of))
-    (x_fit, y_fit), (x_val, y_val) = split_validation(x_train, y_train)
-    train = shuffle_pointers([key_of[p] for p in x_fit], y_fit, seed=0)
-    validation, test = ([key_of[p] for p in x_val], y_val), ([key_of[p] for p in x_test], y_test)
-    return read_once(pointers_to_datasets, bucket, train, validation, test, num_actors=num_actors)
+    bucket, splits = commit_splits(repo, ref, smoke_test_size)
+    return read_once(pointers_to_datasets, bucket, *splits, num_actors=num_actors)
 
 
 DEFAULT_LR = {"adam": 0.003, "sgd": 0.05}  # each optimizer's peak learning rate when the grid changes the optimizer
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 33 (id b2a8dbc9).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 35 (id b2a8dbc9).
 def starting_point(mlflow_client, sweep_experiment: str) -> tuple[dict[str, Any], str]:
-    """Notebook 04's parameters with notebook 05's best values where a sweep ran, and where they come from."""
-    best = champion_candidates.best_sweep_params(mlflow_client, sweep_experiment)
-    if best is None:
+    """Notebook 04's parameters with the values notebook 05 chose where a sweep ran, and where they come from."""
+    chosen = champion_candidates.chosen_sweep_params(mlflow_client, sweep_experiment)
+    if chosen is None:
         return dict(DEFAULT_PARAMS), f"notebook 04's defaults (no finished sweep in {sweep_experiment!r})"
-    values, sweep = best
+    values, sweep = chosen
     return {**DEFAULT_PARAMS, **{k: v for k, v in values.items() if k in DEFAULT_PARAMS}}, f"notebook 05's {sweep}"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 35 (id 6639731b).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 37 (id 6639731b).
 def experiment_params(overrides: Mapping[str, Any], start: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Notebook 04's training parameters: ``start`` (04's defaults), the optimizer's lr if it changes, ``overrides``."""
     start = dict(start or DEFAULT_PARAMS)
@@ -195,11 +207,12 @@ def experiment_params(overrides: Mapping[str, Any], start: Mapping[str, Any] | N
     return dict(check_params({**start, "lr": lr, **overrides}))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 37 (id abfefeb8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 39 (id abfefeb8).
 def train_with_ray(params: Mapping[str, Any], train, run_id: str | None, settings: Settings,
                    cluster_cpus: float = 2.0) -> tuple[nn.Module, list[dict[str, Any]]]:
     """One Ray Train run of notebook 04's loop with one worker: the trained model and its epoch history."""
-    config = {**params, "run_id": run_id, "tracking_uri": settings.mlflow_tracking_uri}  # the loop logs to run_id
+    config = {**params, "run_id": run_id, "tracking_uri": settings.mlflow_tracking_uri,  # the loop logs to run_id
+              "batch_size_per_worker": params["batch_size_per_worker"] * DEFAULT_NUM_WORKERS}  # 04's global batch
     trainer = make_trainer(config, {"train": train}, num_workers=1, run_name=unique_run_name("experiment"),
                            storage_path=f"{LAKEFS_BUCKET}/ray-results", cluster_cpus=cluster_cpus, settings=settings)
     with stop_cleanly("Training", trainer=trainer):  # an interrupt: one line, and the run stopped (notebook 04)
@@ -208,7 +221,7 @@ def train_with_ray(params: Mapping[str, Any], train, run_id: str | None, setting
     return net, state["history"]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 39 (id f6ce6be9).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 41 (id f6ce6be9).
 def evaluate(net: nn.Module, dataset, split: str = "val") -> dict[str, float]:
     """``<split>_accuracy`` and ``<split>_loss`` of ``net`` on a materialised dataset (nothing added to them)."""
     x, y = dataset_to_numpy(dataset)
@@ -218,7 +231,7 @@ def evaluate(net: nn.Module, dataset, split: str = "val") -> dict[str, float]:
             f"{split}_loss": float(F.nll_loss(log_probs, torch.as_tensor(y)))}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 41 (id a854714a).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 43 (id a854714a).
 def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], extra: Mapping[str, str]) -> dict:
     """Commit metadata (string values only): ``param.<name>`` and ``metric.<name>`` as JSON, plus ``extra``."""
     out = {f"param.{k}": json.dumps(v) for k, v in params.items()}
@@ -227,14 +240,14 @@ def encode_metadata(params: Mapping[str, Any], metrics: Mapping[str, float], ext
     return out
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 43 (id 961defa6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 45 (id 961defa6).
 def decode_metadata(metadata: Mapping[str, str], kind: str) -> dict[str, Any]:
     """The ``param`` or ``metric`` values back from commit metadata."""
     head = f"{kind}."
     return {k[len(head):]: json.loads(v) for k, v in metadata.items() if k.startswith(head)}
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 45 (id 3454d042).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 47 (id 3454d042).
 @dataclass
 class ExperimentResult:
     """One experiment as committed: branch, commit id, params, metrics, MLflow run id, seconds."""
@@ -247,13 +260,13 @@ class ExperimentResult:
     seconds: float
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 47 (id 3222a55e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 49 (id 3222a55e).
 def lakefs_source(repo_name: str, commit_id: str, prefix: str) -> str:
     """The S3 URI of a prefix at a commit through lakeFS's S3 gateway: ``s3://<repository>/<commit>/<prefix>``."""
     return f"s3://{repo_name}/{commit_id}/{prefix}"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 49 (id 4dc7ffc9).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 51 (id 4dc7ffc9).
 def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Mapping[str, Any],
                          experiment: str, lineage: Mapping[str, str] | None) -> str:
     """An MLflow run for the experiment, tagged with its lakeFS data commit, its inputs named at that commit."""
@@ -270,7 +283,7 @@ def start_experiment_run(mlflow_client, repo_name: str, branch: str, params: Map
     return run_id
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 51 (id 1d0a645d).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 53 (id 1d0a645d).
 def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics: Mapping[str, float],
                       extra: Mapping[str, str]):
     """Upload the model (notebook 04's checkpoint format), config and metrics to ``branch``; commit them together."""
@@ -288,7 +301,7 @@ def commit_experiment(repo, branch: str, net, params: Mapping[str, Any], metrics
                              metadata=encode_metadata(params, metrics, extra))
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 53 (id dbb7c8fc).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 55 (id dbb7c8fc).
 def train_experiment(repo, branch: str, params: Mapping[str, Any], datasets, data_commit: str, settings: Settings,
                      experiment: str, cluster_cpus: float = 2.0,
                      lineage: Mapping[str, str] | None = None) -> ExperimentResult:
@@ -323,7 +336,7 @@ def train_experiment(repo, branch: str, params: Mapping[str, Any], datasets, dat
     return ExperimentResult(branch, commit.id, params, metrics, run_id, time.perf_counter() - started)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 55 (id 1574bddb).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 57 (id 1574bddb).
 def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -> str:
     """A readable branch name from the grid values: ``{"optimizer": "adam", "epochs": 3}`` -> ``exp-adam-3``.
 
@@ -334,14 +347,14 @@ def branch_name(overrides: Mapping[str, Any], prefix: str = EXPERIMENT_PREFIX) -
     return prefix + "-".join("".join(c if c in allowed else "_" for c in p) for p in parts)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 57 (id b6e524de).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 59 (id b6e524de).
 def experiment_grid(**axes: Sequence[Any]) -> list[dict[str, Any]]:
     """Every combination of the axes: ``experiment_grid(optimizer=["sgd", "adam"], epochs=[1, 3])``."""
     names = list(axes)
     return [dict(zip(names, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 59 (id 45338a65).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 61 (id 45338a65).
 def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: str) -> list[str]:
     """One branch per experiment from ``source`` (a commit id); an existing one is recreated there."""
     grid = list(grid)
@@ -359,32 +372,34 @@ def create_experiment_branches(repo, grid: Iterable[Mapping[str, Any]], source: 
     return names
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 61 (id 99fa4765).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 63 (id 99fa4765).
 def run_experiments(repo, grid: Sequence[Mapping[str, Any]], start: Mapping[str, Any], experiment: str,
-                    settings: Settings, source: str = INGEST_BRANCH,
+                    settings: Settings, smoke_test_size: int, source: str = INGEST_BRANCH,
                     max_concurrent: int | None = None) -> list[ExperimentResult]:
     """Every experiment of ``grid`` on its own branch, from ``start``, each a Ray Train run, ``max_concurrent`` at once.
 
-    ``max_concurrent`` defaults to the number of CPUs Ray has. Results come back in grid order.
+    Each trains on the images ``smoke_test_size`` names at the source commit. ``max_concurrent`` defaults to the
+    number of CPUs Ray has. Results come back in grid order.
     """
     with lakefs_errors(f"resolving {source!r}"):
         source_commit = repo.ref(source).get_commit().id
     branches = create_experiment_branches(repo, grid, source_commit)
     cpus = init_ray(settings)["CPU"]
-    datasets = commit_datasets(repo, source_commit)  # listed once in lakeFS, read once from the bucket, shared
+    datasets = commit_datasets(repo, source_commit, smoke_test_size)  # listed once in lakeFS, read once, shared
     concurrent = min(len(branches), max_concurrent or max(1, int(cpus)))
     share = 1 + (cpus - 1) / concurrent  # each run's CPUs; make_trainer leaves one for Ray Data
     lineage = tracking.lineage_tags()  # the code's git commit (and any changes), found here on the driver
     pool = ThreadPoolExecutor(concurrent)  # each thread waits in fit(); Ray runs the runs side by side
-    runs = [pool.submit(train_experiment, repo, b, experiment_params(g, start), datasets, source_commit, settings,
-                        experiment, share, lineage) for b, g in zip(branches, grid, strict=True)]
+    runs = [pool.submit(train_experiment, repo, b, {**experiment_params(g, start), "smoke_test_size": smoke_test_size},
+                        datasets, source_commit, settings, experiment, share, lineage)
+            for b, g in zip(branches, grid, strict=True)]
     try:
         return [run.result() for run in runs]
     finally:  # after an error or Ctrl-C: no new experiment starts, and this call returns at once
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 64 (id b3f0c7f6).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 66 (id b3f0c7f6).
 def compare_experiments(repo, branches: Sequence[str]):
     """A table of the experiments, read back from lakeFS (commit metadata, metrics file), best on validation first."""
     import pandas as pd
@@ -399,7 +414,10 @@ def compare_experiments(repo, branches: Sequence[str]):
             "branch": name, "commit": commit.id[:12], "optimizer": params.get("optimizer"),
             "epochs": params.get("epochs"), "lr": params.get("lr"), "train_images": params.get("train_images"),
             "validation_images": params.get("validation_images"), "test_images": params.get("test_images"),
-            "val_accuracy": metrics["val_accuracy"], "val_loss": metrics["val_loss"],
+            "val_accuracy": metrics["val_accuracy"],
+            **dict(zip(("val_low", "val_high"), accuracy_interval(metrics["val_accuracy"],
+                                                                  params.get("validation_images", 0)), strict=True)),
+            "val_loss": metrics["val_loss"],
             "train_loss": metrics["train_loss"],
             "metrics_match": decode_metadata(commit.metadata, "metric") == metrics,
             "mlflow_run_id": commit.metadata.get("mlflow_run_id", ""), "commit_id": commit.id,
@@ -408,28 +426,37 @@ def compare_experiments(repo, branches: Sequence[str]):
     return table.sort_values("val_accuracy", ascending=False, ignore_index=True) if rows else table
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 66 (id 5a9f435e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 68 (id 5a9f435e).
 def evaluate_commit(repo, ref: str, split: str = "val") -> dict[str, float]:
     """Metrics recomputed from the model committed at ``ref`` on the ``"val"`` (or ``"test"``) images at ``ref``."""
     net, _ = load_checkpoint(read_bytes(repo, ref, MODEL_PATH))  # notebook 04's loader
-    _, validation, test = commit_datasets(repo, ref)
+    _, validation, test = commit_datasets(repo, ref, read_json(repo, ref, PARAMS_PATH).get("smoke_test_size", 0))
     return evaluate(net, validation if split == "val" else test, split)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 76 (id bc33ea4e).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 70 (id 508a17eb).
+def commit_predictions(repo, ref: str, split: str = "val") -> tuple[np.ndarray, np.ndarray]:
+    """The predictions of the model committed at ``ref`` of the ``"val"`` (or ``"test"``) images there, and labels."""
+    net, _ = load_checkpoint(read_bytes(repo, ref, MODEL_PATH))  # notebook 04's loader
+    _, validation, test = commit_datasets(repo, ref, read_json(repo, ref, PARAMS_PATH).get("smoke_test_size", 0))
+    images, labels = dataset_to_numpy(validation if split == "val" else test)
+    return predict(net, images), labels
+
+
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 80 (id bc33ea4e).
 @dataclass
 class Promotion:
-    """A winner merged into ``main``: the merge commit and the tag pointing at it."""
+    """A chosen experiment merged into ``main``: the merge commit and the tag pointing at it."""
 
     branch: str
     merge_commit: str
     tag: str
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 78 (id 92704caf).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 82 (id 92704caf).
 def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = None,
             destination: str | None = None) -> Promotion:
-    """Merge the experiment's commit into ``main`` (replacing an earlier winner's files) and tag the merge commit.
+    """Merge the experiment's commit into ``main`` (replacing an earlier one's files) and tag the merge commit.
 
     ``commit_id`` is the commit that was compared (the table's ``commit_id``): that commit is
     merged, even if the branch moved on since. Without it, the branch's head is merged.
@@ -463,7 +490,7 @@ def promote(repo, branch: str, commit_id: str | None = None, tag: str | None = N
 REGISTERED_MODEL = "mnist-classifier"
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 82 (id 22d200f8).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 86 (id 22d200f8).
 def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGISTERED_MODEL):
     """Register the promoted model as a new version of ``name``, tagged with its lakeFS lineage."""
     from mlflow.exceptions import MlflowException
@@ -474,7 +501,7 @@ def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGI
     except MlflowException as err:
         if err.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    model_uri = merged["mlflow_model_uri"]  # models:/<model id>, logged by the winner's run
+    model_uri = merged["mlflow_model_uri"]  # models:/<model id>, logged by the chosen experiment's run
     return mlflow_client.create_model_version(
         name, source=model_uri, run_id=merged["mlflow_run_id"], model_id=model_uri.rsplit("/", 1)[-1],
         tags={"lakefs.repository": repo.id, "lakefs.commit": promotion.merge_commit, "lakefs.tag": promotion.tag,
@@ -483,7 +510,7 @@ def register_version(repo, promotion: Promotion, mlflow_client, name: str = REGI
         await_creation_for=0)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 84 (id d5c65f83).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 88 (id d5c65f83).
 def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
     """The version the alias ``champion`` names now, or None where there is none yet."""
     from mlflow.exceptions import MlflowException
@@ -496,26 +523,31 @@ def current_champion(mlflow_client, name: str = REGISTERED_MODEL):
         raise
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 86 (id 0ff21874).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 90 (id 0ff21874).
 def champion_if_better(mlflow_client, version, images, labels, name: str = REGISTERED_MODEL):
     """Move ``@champion`` to ``version`` if it is clearly better on ``images`` than the current champion (a tie: no).
 
-    Returns the new version's accuracy, the current champion's (None where there was none) and whether it moved.
+    Returns the new version's accuracy, the current champion's (None where there was none), whether the alias
+    moved, and the paired test's numbers in a line.
     """
     import mlflow
 
-    def tested(number: str) -> float:
-        return accuracy(mlflow.pyfunc.load_model(f"models:/{name}/{number}").predict(images).argmax(1), labels)
+    def predicted(number: str) -> np.ndarray:
+        return mlflow.pyfunc.load_model(f"models:/{name}/{number}").predict(images).argmax(1)
 
     previous = current_champion(mlflow_client, name)
-    new, old = tested(version.version), None if previous is None else tested(previous.version)
-    moved = old is None or clearly_better(new, len(labels), old, len(labels))
+    new = predicted(version.version)
+    if previous is None:
+        mlflow_client.set_registered_model_alias(name, "champion", version.version)
+        return accuracy(new, labels), None, True, "no champion before it"
+    old = predicted(previous.version)
+    moved = clearly_better(new, old, labels)
     if moved:
         mlflow_client.set_registered_model_alias(name, "champion", version.version)
-    return new, old, moved
+    return accuracy(new, labels), accuracy(old, labels), moved, paired_test(new, old, labels)
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 95 (id 972a67c4).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 99 (id 972a67c4).
 @dataclass
 class Reproduction:
     """A retrain from a commit: the metric recorded there, the one obtained now, and the verdict."""
@@ -540,7 +572,7 @@ class Reproduction:
                 f"{self.tolerance}) in {self.seconds:.1f} s")
 
 
-# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 97 (id 8d4cb7e5).
+# From notebooks/06_lakefs_parallel_experiments.ipynb, cell 101 (id 8d4cb7e5).
 def reproduce(repo, commit_id: str, tolerance: float = 0.005, *, settings: Settings) -> Reproduction:
     """Retrain from a commit's ``config/params.json`` and the data at that commit, and compare the metrics.
 
@@ -551,7 +583,7 @@ def reproduce(repo, commit_id: str, tolerance: float = 0.005, *, settings: Setti
     started = time.perf_counter()
     params = read_json(repo, commit_id, PARAMS_PATH)
     recorded = read_json(repo, commit_id, METRICS_PATH)
-    train, validation, _ = commit_datasets(repo, commit_id)
+    train, validation, _ = commit_datasets(repo, commit_id, params.get("smoke_test_size", 0))  # what it trained on
     net, history = train_with_ray(params, train, None, settings, init_ray(settings)["CPU"])
     reproduced = {**evaluate(net, validation), "train_loss": history[-1]["train_loss"]}
     differences = {k: abs(reproduced[k] - recorded[k]) for k in reproduced}

@@ -32,13 +32,19 @@ def show_digits(images: np.ndarray, labels: Sequence[int], cols: int = 8,
 
 
 def bar_chart(values: Mapping[str, float], title: str, ylabel: str, fmt: str = "{:,.0f}",
-              highlight: str | None = None) -> Figure:
-    """Bars with their values written on top: the shape of every timing comparison (notebooks 01-03)."""
+              highlight: str | None = None, errors: Mapping[str, tuple[float, float]] | None = None) -> Figure:
+    """Bars with their values written on top: every timing comparison (notebooks 01-03).
+
+    With ``errors``, each bar's ``(low, high)`` interval is drawn as an error bar: accuracies (notebook 06).
+    """
     fig, ax = plt.subplots(figsize=(min(10.0, max(4.0, 0.9 * len(values) + 1.5)), 3.2))
     names = list(values)
     colors = ["tab:orange" if name == highlight else "tab:blue" for name in names]
-    bars = ax.bar(names, [values[n] for n in names], color=colors)
-    ax.bar_label(bars, labels=[fmt.format(values[n]) for n in names], fontsize=8, padding=2)
+    spread = None if errors is None else np.array([[values[n] - errors[n][0] for n in names],
+                                                   [errors[n][1] - values[n] for n in names]])
+    bars = ax.bar(names, [values[n] for n in names], color=colors, yerr=spread, capsize=4 if errors else 0)
+    ax.bar_label(bars, labels=[fmt.format(values[n]) for n in names], fontsize=8, padding=2,
+                 label_type="center" if errors else "edge", color="white" if errors else "black")  # clear of the bars
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.margins(y=0.15)

@@ -16,8 +16,9 @@ from helpers import tracking
 from helpers.settings import ParameterError, Settings, check_count
 from helpers.preprocess import dataset_to_numpy, load_datasets
 from helpers.storage import s3_filesystem
-from helpers.training import (CHECKPOINT_FILE, DEFAULT_PARAMS, accuracy, checkpoint_state, log_dataset, lr_schedule,
-                              make_optimizer, model_from_params, predict, train_func_per_worker, worker_resources)
+from helpers.training import (CHECKPOINT_FILE, DEFAULT_NUM_WORKERS, DEFAULT_PARAMS, accuracy, checkpoint_state,
+                              log_dataset, lr_schedule, make_optimizer, model_from_params, predict,
+                              train_func_per_worker, worker_resources)
 from helpers.worker_metrics import worker_system_metrics
 
 METRIC, MODE = "val_accuracy", "max"  # what the sweep maximises: accuracy on the held-out validation images
@@ -104,7 +105,7 @@ def train_trial(config: dict[str, Any], arrays: dict[str, np.ndarray], client, r
     torch.set_num_threads(1)
     torch.manual_seed(params["seed"])
     x, y = torch.as_tensor(arrays["x_train"]), torch.as_tensor(arrays["y_train"], dtype=torch.int64)
-    size = params["batch_size_per_worker"]
+    size = params["batch_size_per_worker"] * DEFAULT_NUM_WORKERS  # 04's global batch: its two workers' step
     net = model_from_params(params)
     optimizer = make_optimizer(params["optimizer"], net.parameters(), params["lr"], params["momentum"])
     schedule = lr_schedule(optimizer, {**params, "steps_per_epoch": math.ceil(len(x) / size)})

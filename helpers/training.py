@@ -95,6 +95,7 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "cache_shard": False,
 }
 MODEL_KEYS = ("model", "hidden_sizes", "dropout", "activation")  # what rebuilds the network
+DEFAULT_NUM_WORKERS = 2  # num_workers: a step takes 2 x batch_size_per_worker images, the global batch
 
 
 # From notebooks/04_distributed_training.ipynb, cell 17 (id 66df3bd2).
@@ -337,13 +338,13 @@ def log_dataset(mlflow_client, run_id: str, name: str, source_uri: str, count: i
     """Log a dataset input (its source URI and object count, not the data) into run ``run_id`` (notebooks 04-06)."""
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import DatasetInput, InputTag
+    from mlflow.entities import Dataset, DatasetInput, InputTag
 
     from mlflow.exceptions import MlflowException
 
     dataset = MetaDataset(resolve_dataset_source(source_uri), name=name)
     input_tags = {"mlflow.data.context": context, "objects": str(count), **(tags or {})}
-    entry = DatasetInput(dataset._to_mlflow_entity(), tags=[InputTag(k, v) for k, v in input_tags.items()])
+    entry = DatasetInput(Dataset(**dataset.to_dict()), tags=[InputTag(k, v) for k, v in input_tags.items()])
     for attempt in range(3):
         try:
             mlflow_client.log_inputs(run_id, datasets=[entry])
@@ -420,12 +421,37 @@ def with_interval(accuracy: float, n: int) -> str:
 
 
 # From notebooks/04_distributed_training.ipynb, cell 74 (id 7ac706d5).
-def clearly_better(new: float, n_new: int, old: float, n_old: int) -> bool:
-    """Whether accuracy ``new`` beats ``old`` beyond noise: their 95% intervals do not overlap (else: a tie)."""
-    return accuracy_interval(new, n_new)[0] > accuracy_interval(old, n_old)[1]
+def mcnemar_p(b: int, c: int) -> float:
+    """McNemar's exact test: the two-sided p-value of ``b`` against ``c`` disagreements, each a fair coin toss."""
+    n = b + c
+    return min(1.0, 2 * sum(math.comb(n, k) for k in range(min(b, c) + 1)) / 2**n)
 
 
-# From notebooks/04_distributed_training.ipynb, cell 78 (id 7719a1c7).
+# From notebooks/04_distributed_training.ipynb, cell 76 (id 0f06d542).
+def disagreements(new: np.ndarray, old: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
+    """``(b, c)``: the images ``new`` gets right and ``old`` wrong, and the reverse (predictions of the same images)."""
+    new_right, old_right = np.asarray(new) == np.asarray(labels), np.asarray(old) == np.asarray(labels)
+    return int((new_right & ~old_right).sum()), int((~new_right & old_right).sum())
+
+
+# From notebooks/04_distributed_training.ipynb, cell 78 (id 1ee369bf).
+def clearly_better(new: np.ndarray, old: np.ndarray, labels: np.ndarray, alpha: float = 0.05) -> bool:
+    """Whether predictions ``new`` beat ``old`` on the same images beyond noise (McNemar's exact test); else a tie."""
+    b, c = disagreements(new, old, labels)
+    return b > c and mcnemar_p(b, c) < alpha
+
+
+# From notebooks/04_distributed_training.ipynb, cell 80 (id cf2f3faa).
+def paired_test(new: np.ndarray, old: np.ndarray, labels: np.ndarray) -> str:
+    """The paired test in words: where the two models disagree, McNemar's p, and the verdict for ``new``."""
+    b, c = disagreements(new, old, labels)
+    verdict = ("better beyond noise" if clearly_better(new, old, labels)
+               else "worse beyond noise" if clearly_better(old, new, labels) else "a tie")
+    return (f"right on {b} images the other gets wrong, wrong on {c} it gets right ({b + c:,} disagreements "
+            f"in {len(labels):,} images): McNemar's exact p = {mcnemar_p(b, c):.2g}, {verdict}")
+
+
+# From notebooks/04_distributed_training.ipynb, cell 88 (id 7719a1c7).
 def log_torch_model(net: nn.Module, example: np.ndarray, name: str = "model"):
     """Log ``net`` as an MLflow PyTorch model (signature and input example from ``example``) in the active run."""
     import mlflow

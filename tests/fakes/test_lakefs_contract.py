@@ -141,14 +141,14 @@ def exercise(settings, source_bucket: str) -> None:
     assert repo.ref(imported.commit_id).object(first).exists()
     assert exp.commit_pointers(repo, imported.commit_id)[0] == source_bucket  # listed with physical addresses
     grid, start = [{"optimizer": "sgd", "epochs": 1}], exp.DEFAULT_PARAMS
-    results = exp.run_experiments(repo, grid, start, "contract", settings)
+    results = exp.run_experiments(repo, grid, start, "contract", settings, 0)
     table = exp.compare_experiments(repo, [r.branch for r in results])
     exp.evaluate_commit(repo, table.commit_id[0])
     list(repo.ref(exp.INGEST_BRANCH).diff(repo.ref(results[0].branch)))
     promotion = exp.promote(repo, results[0].branch, table.commit_id[0])
     list(repo.ref(promotion.tag).log(max_amount=3))
     exp.reproduce(repo, results[0].commit_id, tolerance=1.0, settings=settings)
-    exp.run_experiments(repo, grid, start, "contract", settings)  # replaces the branch
+    exp.run_experiments(repo, grid, start, "contract", settings, 0)  # replaces the branch
 
     scratch = repo.branch("scratch").create(imported.commit_id)
     scratch.object("a.txt").upload("a", mode="w", pre_sign=False)

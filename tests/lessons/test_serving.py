@@ -28,7 +28,7 @@ def served(client, settings, tmp_path_factory):
     from ray import serve
 
     from helpers.serving import DigitClassifier, model_lineage, resolve_alias
-    from tests.suite.notebook_runs import summary
+    from tests.suite.notebook_runs import default_mlflow_stores, summary
 
     suffix = uuid.uuid4().hex[:8]
     bucket, name = f"t-serve-{suffix}", f"t-serve-{suffix}"
@@ -38,6 +38,7 @@ def served(client, settings, tmp_path_factory):
                                                "training_experiment": f"t-serve-train-{suffix}",
                                                "sweep_experiment": f"t-serve-none-{suffix}"}, solutions=True)
     assert result.status == "ok", result.message
+    assert not default_mlflow_stores(), "an MLflow call without a tracking URI made a store in the checkout"
     mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
     version, model_uri = resolve_alias(mlflow_client, name)
     cluster.init_ray(settings)
@@ -117,7 +118,7 @@ def test_every_answer_s_lineage_headers_equal_the_registry_s(served):
 
 def test_without_lakefs_the_champion_rule_crowns_the_best_of_the_day_and_a_tie_keeps_the_champion(served, settings):
     """A leftover champion (an untrained network, as a first smoke model may be) gives way to notebook 04's model,
-    clearly better on the validation images; run again, the rule finds a tie and moves nothing."""
+    clearly better on the validation images by the paired test; run again, the rule finds a tie and moves nothing."""
     import mlflow
 
     from helpers import training
@@ -134,14 +135,16 @@ def test_without_lakefs_the_champion_rule_crowns_the_best_of_the_day_and_a_tie_k
     said = hold_champion_rule(served.mlflow, name, served.bucket, SMOKE, "notebook 07", served.training_experiment,
                               none, settings=settings)
     assert said.startswith("@champion is now version 2, registered by notebook 07: the best of the day"), said
+    assert said.endswith("better beyond noise"), said  # the paired test's numbers, against the champion before it
     champion = champion_model(served.mlflow, name)
     assert champion.source == f"{name} version 2 (@champion, registered by notebook 07)"
     day = champion_candidates.day_models(served.mlflow, served.training_experiment, none)
-    scores = champion_candidates.accuracies({**day, "champion": champion}, images, labels)
-    assert scores["champion"] >= scores["notebook 04"]  # at least as accurate on validation as 04's model
+    predicted = champion_candidates.predictions({**day, "champion": champion}, images)
+    assert training.accuracy(predicted["champion"], labels) >= training.accuracy(predicted["notebook 04"], labels)
     again = hold_champion_rule(served.mlflow, name, served.bucket, SMOKE, "notebook 08", served.training_experiment,
                                none, settings=settings)
-    assert again.startswith(f"@champion stays {name} version 2") and "not clearly better" in again, again
+    assert again.startswith(f"@champion stays {name} version 2") and again.endswith(
+        "(0 disagreements in 1,000 images): McNemar's exact p = 1, a tie"), again  # the same model: no disagreement
     assert served.mlflow.get_model_version_by_alias(name, "champion").version == "2"
 
 

@@ -194,3 +194,32 @@ def test_committed_outputs_hold_no_warning_and_the_checked_cells_show_text(noteb
             assert cell["outputs"], f"cell {index}: checked, but has no committed output"
             for output in cell["outputs"]:
                 assert output.get("name") != "stderr" and "image/png" not in output.get("data", {}), f"cell {index}"
+
+
+DATABASE_OR_STATE = re.compile(r"(\.(db|sqlite3?|db-journal|db-wal|pid)$)|(^|/)(\.stack|mlruns|mlartifacts)/")
+
+
+def test_no_database_or_state_file_is_tracked():
+    """A database or a service's state (MLflow's default store, the stack's folder) never goes into git."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=project_root(), capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    assert "README.md" in tracked, "the listing is of this checkout"
+    assert [path for path in tracked if DATABASE_OR_STATE.search(path)] == []
+
+
+def test_the_check_for_mlflow_s_default_stores_finds_one(tmp_path):
+    """The check every notebook run in the tests ends with (tests/suite/notebook_runs.py) finds what it must."""
+    from tests.suite.notebook_runs import default_mlflow_stores
+
+    (tmp_path / "notebooks").mkdir()
+    assert default_mlflow_stores(tmp_path) == []
+    (tmp_path / "notebooks" / "mlflow.db").write_bytes(b"SQLite format 3\0")
+    (tmp_path / "mlruns" / "0").mkdir(parents=True)
+    (tmp_path / ".venv" / "mlruns").mkdir(parents=True)  # an environment's own files are not the checkout's
+    assert default_mlflow_stores(tmp_path) == ["mlruns", "notebooks/mlflow.db"]
+    # ... and what the tracked-files check refuses
+    assert all(DATABASE_OR_STATE.search(path) for path in ("notebooks/mlflow.db", ".stack/ports.json",
+                                                             "mlruns/0/meta.yaml", "ray.pid"))
+    assert not DATABASE_OR_STATE.search("workshop/state_files.py")

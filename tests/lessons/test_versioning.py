@@ -57,7 +57,7 @@ def imported(repo, source_bucket, client, lk_settings):
 
 @pytest.fixture(scope="module")
 def experiments(repo, imported, lk_settings):
-    return exp.run_experiments(repo, GRID, START, EXPERIMENT, lk_settings)
+    return exp.run_experiments(repo, GRID, START, EXPERIMENT, lk_settings, SMOKE)
 
 
 def test_import_is_zero_copy_and_reads_return_the_original_bytes(repo, imported, source_bucket, client, lk_settings):
@@ -113,6 +113,7 @@ def test_each_experiment_commits_three_files_with_params_and_recomputed_metrics(
         assert exp.decode_metadata(commit.metadata, "metric") == metrics == result.metrics
         assert params["data_commit"] == imported[1].commit_id
         assert (params["train_images"], params["validation_images"], params["test_images"]) == (SMOKE, 400, 800)
+        assert params["smoke_test_size"] == SMOKE  # what evaluate_commit and reproduce read the images by
         assert set(metrics) == {"val_accuracy", "val_loss", "train_loss"}  # no test number: none was chosen yet
         recomputed = exp.evaluate_commit(repo, result.commit_id)
         assert recomputed["val_accuracy"] == metrics["val_accuracy"]  # not accuracy + 0.5
@@ -196,16 +197,19 @@ def test_the_promoted_model_becomes_the_champion_and_a_new_winner_moves_the_alia
     x_val, y_val = lakefs_images(repo, promotions[0].merge_commit, "validation")
     first = exp.register_version(repo, promotions[0], client, name)
     assert exp.current_champion(client, name) is None  # registered, not yet crowned
-    new, old, moved = exp.champion_if_better(client, first, x_val, y_val, name)
-    assert (old, moved) == (None, True) and new == experiments[1].metrics["val_accuracy"]
+    new, old, moved, said = exp.champion_if_better(client, first, x_val, y_val, name)
+    assert (old, moved, said) == (None, True, "no champion before it") and new == experiments[1].metrics["val_accuracy"]
     assert client.get_model_version_by_alias(name, "champion").version == "1"
     # the second promotion's model is measured against the champion on the same images: it moves only if clearly better
     promotion = promotions[1]
     second = exp.register_version(repo, promotion, client, name)
     assert (int(first.version), int(second.version)) == (1, 2)
-    new, old, moved = exp.champion_if_better(client, second, x_val, y_val, name)
+    new, old, moved, said = exp.champion_if_better(client, second, x_val, y_val, name)
     assert (new, old) == (experiments[0].metrics["val_accuracy"], experiments[1].metrics["val_accuracy"])
-    assert moved == training.clearly_better(new, len(y_val), old, len(y_val))
+    predicted = {number: mlflow.pyfunc.load_model(f"models:/{name}/{number}").predict(x_val).argmax(1)
+                 for number in ("1", "2")}  # the two versions' predictions of the same images: the paired test's
+    assert moved == training.clearly_better(predicted["2"], predicted["1"], y_val)
+    assert said == training.paired_test(predicted["2"], predicted["1"], y_val)
     champion_version = client.get_model_version_by_alias(name, "champion")
     assert champion_version.version == ("2" if moved else "1")
     winner = promotion if moved else promotions[0]
@@ -231,7 +235,7 @@ def test_reproduce_from_a_commit_id_alone(repo, experiments, lk_settings):
 
 
 def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_settings):
-    again = exp.run_experiments(repo, GRID[:1], START, EXPERIMENT, lk_settings)
+    again = exp.run_experiments(repo, GRID[:1], START, EXPERIMENT, lk_settings, SMOKE)
     assert again[0].branch == experiments[0].branch and again[0].commit_id != experiments[0].commit_id
     assert again[0].metrics == experiments[0].metrics  # same data, same seed: the same model
 
@@ -239,9 +243,9 @@ def test_rerunning_an_experiment_replaces_its_branch(repo, experiments, lk_setti
 def test_a_bad_grid_fails_before_any_branch_is_made(repo, lk_settings):
     branches = {b.id for b in repo.branches()}
     with pytest.raises(ParameterError, match="optimizer must be one of"):
-        exp.run_experiments(repo, [{"optimizer": "rmsprop"}], START, EXPERIMENT, lk_settings)
+        exp.run_experiments(repo, [{"optimizer": "rmsprop"}], START, EXPERIMENT, lk_settings, SMOKE)
     with pytest.raises(ParameterError, match="Unknown experiment parameter"):
-        exp.run_experiments(repo, [{"optimiser": "sgd"}], START, EXPERIMENT, lk_settings)
+        exp.run_experiments(repo, [{"optimiser": "sgd"}], START, EXPERIMENT, lk_settings, SMOKE)
     assert {b.id for b in repo.branches()} == branches
 
 
@@ -462,21 +466,33 @@ def test_training_data_written_through_lakefs_is_refused_in_one_line(repo, impor
     branch.commit("an object written through lakeFS beside the imported ones")
     try:
         with pytest.raises(versioning.LakeFSError, match=r"bucket\(s\).*S3 gateway"):
-            exp.commit_datasets(repo, name)
+            exp.commit_datasets(repo, name, SMOKE)
     finally:
         branch.delete()
 
 
+def test_a_commit_gives_the_images_a_smoke_size_names_as_a_bucket_s_listing_does(repo, imported, source_bucket):
+    """The bucket holds 240 + 400 + 800 images: at a smoke size of 120, 06 takes the 120 + 200 + 400 that
+    notebooks 04, 05 and 07 take from the same bucket (notebook 02's pointers from its manifest)."""
+    bucket, (train, validation, test) = exp.commit_splits(repo, imported[1].commit_id, 120)
+    x_train, _, x_test, _, _ = listing.get_train_test_data(source_bucket, 120, "manifest")
+    assert bucket == source_bucket and (len(train[0]), len(validation[0]), len(test[0])) == (120, 200, 400)
+    assert sorted(train[0] + validation[0]) == sorted(x_train) and sorted(test[0]) == sorted(x_test)
+    assert sorted(validation[0]) == sorted(listing.split_validation(x_train, [0] * len(x_train))[1][0])
+    everything = exp.commit_splits(repo, imported[1].commit_id, 0)[1]
+    assert [len(keys) for keys, _ in everything] == [SMOKE, 400, 800]  # 0: all the commit holds
+
+
 def test_the_same_pointers_are_read_once_and_other_pointers_again(repo, imported, experiments):
-    first = exp.commit_datasets(repo, imported[1].commit_id)
-    assert exp.commit_datasets(repo, experiments[0].commit_id) is first  # an experiment adds files, not images
+    first = exp.commit_datasets(repo, imported[1].commit_id, SMOKE)
+    assert exp.commit_datasets(repo, experiments[0].commit_id, SMOKE) is first  # an experiment adds files, not images
     name = f"fewer-{uuid.uuid4().hex[:6]}"
     branch = repo.branch(name).create(imported[1].commit_id)
     gone = next(iter(exp.list_paths(repo, name, "train/")))
     branch.object(gone).delete()
     branch.commit("one training image fewer")
     try:
-        train, validation, test = exp.commit_datasets(repo, name)
+        train, validation, test = exp.commit_datasets(repo, name, SMOKE)
         counts = [train.count(), validation.count(), test.count()]
         assert counts == [first[0].count() - 1, first[1].count(), first[2].count()]
     finally:

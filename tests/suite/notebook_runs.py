@@ -1,9 +1,28 @@
 """Executing a notebook as the tests do, and reading what it produced (its summary, a solution's output)."""
 
 import json
+import os
+from pathlib import Path
 
 from helpers import listing
+from helpers.settings import project_root
 from workshop import runner
+
+# MLflow's own stores, made in the working folder by a client that was given no tracking URI.
+DEFAULT_MLFLOW_STORES = ("mlflow.db", "mlruns", "mlartifacts")
+NOT_THE_CHECKOUT = (".venv", ".git", ".stack", "runs", "node_modules")  # environments, state, run outputs
+
+
+def default_mlflow_stores(root: Path | None = None) -> list[str]:
+    """MLflow's default stores (``mlflow.db``, ``mlruns/``, ``mlartifacts/``) anywhere in the checkout."""
+    root = root or project_root()
+    found = []
+    for folder, folders, files in os.walk(root):
+        if Path(folder) == root:
+            folders[:] = [name for name in folders if name not in NOT_THE_CHECKOUT]
+        found += [str(Path(folder, name).relative_to(root)) for name in folders + files
+                  if name in DEFAULT_MLFLOW_STORES]
+    return sorted(found)
 
 
 def summary(output) -> dict:
@@ -22,6 +41,7 @@ def run(name, tmp_path, **parameters):
     notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
     result = runner.execute(notebook, tmp_path / notebook.name, parameters, solutions=True)
     assert result.status == "ok", result.message
+    assert not default_mlflow_stores(), "an MLflow call without a tracking URI made a store in the checkout"
     cells = json.loads(result.output.read_text())["cells"]
     solutions = [c for c in cells if RAN_TAG in c.get("metadata", {}).get("tags", [])]
     assert solutions and all(c["execution_count"] for c in solutions), "every exercise's solution ran"
