@@ -1,7 +1,7 @@
 """Plumbing for notebook 08 (lesson module helpers.serving): serving the champion with Ray Serve.
 
-The endpoint's key, checking a request's body, lineage as headers, the HTTP port, a first champion when
-nothing is registered, a roll that an interrupt undoes, and a load generator.
+The endpoint's key, checking a request's body, lineage as headers, the HTTP port, the versions a roll may
+try, a roll that an interrupt undoes, the canary's check, and a load generator with its one-line summary.
 
 The notebook shows the deployment, ``serve.run`` and the requests; this module holds what every answer
 needs and no learner has to read.
@@ -49,6 +49,10 @@ class ServePortTaken(TutorialError, RuntimeError):
 
 class BadRequest(TutorialError, ValueError):
     """A request the endpoint cannot answer: the message is the one line the client gets with a 400."""
+
+
+class CanaryFailed(TutorialError, RuntimeError):
+    """The canary's share of the requests saw a failure, or no answer from the challenger: the roll stops there."""
 
 
 def api_key() -> str:
@@ -230,15 +234,26 @@ def register_as(mlflow_client, name: str, choice, alias: str | None = None, tags
     return version
 
 
-def another_version(mlflow_client, name: str, champion_version: str, training_experiment: str):
-    """A version of ``name`` other than the champion to roll to: the newest one, else 04's latest model registered."""
-    from helpers.champion_candidates import latest_training_model
+def roll_candidates(mlflow_client, name: str, champion_version: str, training_experiment: str,
+                    sweep_experiment: str) -> Iterator[Any]:
+    """The versions of ``name`` a roll may try, in turn, each registered only when its turn comes.
 
-    others = [v for v in mlflow_client.search_model_versions(f"name = '{name}'")
-              if v.version != champion_version]
-    if others:
-        return max(others, key=lambda v: int(v.version))
-    return register_as(mlflow_client, name, latest_training_model(mlflow_client, training_experiment))
+    The registry's other versions, newest first; then the day's models (04's latest, the one 05 chose) that no
+    version holds yet; last, the champion's own model as a new version (the same weights: the rule before a
+    roll cannot refuse it).
+    """
+    from helpers.champion_candidates import ModelChoice, day_models
+
+    versions = mlflow_client.search_model_versions(f"name = '{name}'")
+    others = sorted((v for v in versions if v.version != champion_version), key=lambda v: -int(v.version))
+    yield from others
+    held = {v.source for v in versions}
+    for choice in day_models(mlflow_client, training_experiment, sweep_experiment).values():
+        if choice.uri not in held:
+            yield register_as(mlflow_client, name, choice)
+    champion = mlflow_client.get_model_version(name, champion_version)
+    yield register_as(mlflow_client, name, ModelChoice(champion.source, f"@champion's own model (version "
+                                                                         f"{champion_version})"))
 
 
 @contextlib.contextmanager
@@ -330,11 +345,29 @@ def send_load(url: str, bodies: Sequence[bytes], clients: int, seconds: float | 
     return result
 
 
-def version_switches(versions: list[tuple[float, str]]) -> list[tuple[float, str, str]]:
-    """``(seconds, from, to)`` each time the answering version changed, in the order the requests were sent."""
-    ordered = sorted(versions)
-    return [(t, before, after) for (_, before), (t, after) in zip(ordered, ordered[1:], strict=False)
-            if before != after]
+def check_canary(canary: LoadResult, challenger: str) -> None:
+    """Go on to the whole roll only if the canary answered without a failure and the challenger gave answers.
+
+    Raises:
+        CanaryFailed: one line saying what went wrong (the roll is then put back by its guard).
+    """
+    answered = count_by_version(canary).get(str(challenger), 0)
+    if canary.errors or not answered:
+        why = f"{len(canary.errors)} failed requests" if canary.errors else "no answer came from it"
+        raise CanaryFailed(f"The canary of version {challenger} failed ({why}): the roll stops before the whole.")
+
+
+def load_line(phase: str, result: LoadResult) -> str:
+    """One line for a load: answers, errors, latency (p50, p99) and answers per second, and who answered."""
+    return (f"{phase}: {len(result.latencies)} answers in {result.seconds:.1f} s, {len(result.errors)} errors, "
+            f"p50 {result.percentile(50):.0f} ms, p99 {result.percentile(99):.0f} ms, "
+            f"{result.throughput:.0f} answers/s; answers by version: {count_by_version(result)}")
+
+
+def only_after(result: LoadResult, version: str) -> float:
+    """Seconds into a load after which every request sent got its answer from ``version`` (0.0: all of them)."""
+    others = [began for began, answered in result.versions if answered != str(version)]
+    return max(others, default=0.0)
 
 
 def count_by_version(result: LoadResult) -> dict[str, int]:

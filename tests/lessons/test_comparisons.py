@@ -1,7 +1,7 @@
 """Two models compared as a statistician would: McNemar's exact test on the images where they disagree.
 
 Notebook 04 teaches it (``mcnemar_p``, ``disagreements``, ``clearly_better``, ``paired_test``); 05 chooses
-with it, 06 calls a model a winner with it, and the champion rule (06, 07) uses it.
+with it, 06 calls a model a winner with it, and the champion rule (06, 07) and the roll's rule (08) use it.
 The committed outputs of 05 and 06 are read back here: each conclusion they print must follow from the
 numbers they print beside it.
 """
@@ -80,7 +80,7 @@ def test_the_chart_of_compared_accuracies_draws_their_intervals():
     assert (round(low, 2), round(high, 2)) == (0.77, 0.82)
 
 
-# -- The champion rule (06, and 07 where 06 did not run), on real MLflow models
+# -- The champion rule (06, and 07 where 06 did not run) and the rule before a roll (08), on real MLflow models
 
 SIDE = 784  # one image per pixel: image i lights pixel i, so a one-layer network can answer anything per image
 
@@ -141,6 +141,18 @@ def test_the_champion_moves_to_a_model_the_paired_test_finds_better_though_the_i
     worse = client.get_model_version(name, versions["worse"])
     assert lakefs_experiments.champion_if_better(client, worse, images, labels, name)[2] is False
     assert client.get_model_version_by_alias(name, "champion").version == versions["better"]
+
+
+def test_the_roll_s_rule_refuses_a_challenger_worse_beyond_noise_and_lets_a_tie_through(overlapping_pair):
+    from helpers.serving import may_roll
+
+    client, name, versions, images, labels = overlapping_pair
+    allowed, said = may_roll(name, versions["better"], versions["worse"], images, labels)
+    assert not allowed and said.endswith("worse beyond noise; the roll to it is refused"), said
+    allowed, said = may_roll(name, versions["worse"], versions["better"], images, labels)
+    assert allowed and said.endswith("better beyond noise; it may take a canary's share"), said
+    allowed, said = may_roll(name, versions["better"], versions["better"], images, labels)  # the same weights
+    assert allowed and "(0 disagreements in 784 images)" in said and "a tie" in said
 
 
 # -- The committed outputs of 05 and 06: each conclusion follows from the numbers printed beside it

@@ -69,14 +69,21 @@ def test_08_runs_first_and_alone_registers_a_champion_and_rolls_there_and_back_w
     assert facts["model version"] == "1" and facts["model"] == f"models:/{served.name}/1"  # 04's model, registered
     assert served.mlflow.get_model_version(served.name, "1").tags["registered_by"] == "notebook 08"
     assert facts["images answered"] == 500 and 0.2 < facts["served accuracy"] <= 1.0  # the first 500; chance: 0.1
+    # alone, the only candidate is the champion's own model as a new version: the rule lets it through, the canary
+    # shares the requests between the two versions, then the whole goes to version 2, all without an error
+    assert facts["versions refused by the rule"] == [] and facts["other version"] == "2"
+    assert facts["errors during the canary"] == 0 and facts["versions during the canary"] == ["1", "2"]
     assert facts["errors during the roll"] == 0 and facts["errors during the rollback"] == 0
-    assert facts["versions during the roll"] == ["1", "2"] and facts["other version"] == "2"
+    assert facts["versions during the roll"] in (["1", "2"], ["2"])
     assert facts["champion at the end"] == "1", "the registry is left as the notebook found it"
     assert facts["aliases at the end"] == ["champion"], "the roll's @challenger is removed"
     assert served.mlflow.get_registered_model(served.name).aliases == {"champion": "1"}
     cells = json.loads(served.output.read_text())["cells"]
     said = "".join("".join(o.get("text", "")) for c in cells for o in c.get("outputs", []))
-    assert "at " in said and "the answers switch from version 1 to version 2" in said
+    assert "into the whole on, every answer came from version 2" in said
+    for phase in ("before the roll", "the canary", "the whole", "the rollback"):  # latency and answers/s of each
+        line = next(line for line in said.splitlines() if line.startswith(f"{phase}: "))
+        assert " 0 errors, p50 " in line and " answers/s; answers by version: " in line, line
     assert serving_support.api_key() not in json.dumps(cells), "the endpoint's key is in no output"
 
 
@@ -153,7 +160,7 @@ def test_a_roll_to_another_version_under_sixteen_clients_sees_no_error(served):
 
     from helpers.serving import model_lineage
 
-    other = serving_support.another_version(served.mlflow, served.name, served.version, "unused")
+    other = next(serving_support.roll_candidates(served.mlflow, served.name, served.version, "unused", "unused"))
     bodies = png_bodies(served.bucket, listing.get_train_test_data(served.bucket, SMOKE, "manifest")[2][:20])
 
     def roll(version: str) -> None:
@@ -178,7 +185,7 @@ def test_an_interrupt_during_a_roll_puts_the_champion_back_and_says_so_in_one_li
     from helpers import interrupts
     from helpers.serving import model_lineage
 
-    other = serving_support.another_version(served.mlflow, served.name, served.version, "unused")
+    other = next(serving_support.roll_candidates(served.mlflow, served.name, served.version, "unused", "unused"))
     served.mlflow.set_registered_model_alias(served.name, "challenger", other.version)
     bodies = png_bodies(served.bucket, listing.get_train_test_data(served.bucket, SMOKE, "manifest")[2][:10])
 
