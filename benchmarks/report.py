@@ -49,7 +49,8 @@ NOTEBOOKS = {
     "07": ("batch inference", "the `@champion` model over the test set with Ray Data and a pool of model actors; "
                               "Parquet written, read back and questioned; the driver beside it"),
     "08": ("serve the champion", "a Ray Serve deployment of the `@champion` version with `@serve.batch`, answers "
-                                 "with their lineage, a roll to another version under load with zero errors"),
+                                 "with their lineage, a roll to another version under load (a rule, a canary, the "
+                                 "whole) with zero errors"),
 }
 # notebook -> what its smoke-size and full-size runs do, for its Time row
 SIZES = {
@@ -821,9 +822,10 @@ def full_size_section(data: dict) -> list[str]:
                     + (f" (target: at most {target:g}x, {'met' if data.get('met') else 'missed'})"
                        if target is not None else "")
                     + ": its experiments are Ray Train runs of notebook 04's loop, side by side on data listed and "
-                      "preprocessed once, and the reproduction from the winner's commit lists the commit, which names "
-                      "the same objects as the experiments' data (an experiment's commit adds a model, not images), "
-                      "so `read_once` hands back the datasets the same pointers gave before in the kernel.")
+                      "preprocessed once, and the reproduction from the chosen experiment's commit lists the commit, "
+                      "which names the same objects as the experiments' data (an experiment's commit adds a model, "
+                      "not images), so `read_once` hands back the datasets the same pointers gave before in the "
+                      "kernel.")
     base = data.get("baseline_04")
     if base:
         said.append(f"Notebook 04 of `{base.get('ref')}`, the code it replaced, ran in the same run: "
