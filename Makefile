@@ -93,7 +93,7 @@ solutions: venv  ## for an instructor: every notebook with every exercise's solu
 export: venv  ## regenerate helpers' lesson modules from the notebooks' #@save cells
 	$(PY) -m workshop.export
 
-site: venv  ## the lessons as a website in runs/site/html, from the committed outputs (warnings are errors, links and offline checked); preview: python -m http.server -d runs/site/html
+site: venv  ## the lessons as a website in runs/site/html, from the committed outputs (warnings are errors, links and offline checked); preview: python -m http.server --bind 127.0.0.1 -d runs/site/html
 	$(PY) -m workshop.site
 
 bench: venv stack-up  ## benchmarks: JSON in benchmarks/results/, a table on stdout

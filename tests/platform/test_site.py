@@ -32,6 +32,7 @@ import pytest
 from helpers.settings import project_root
 from tests.platform.chromium import chromium
 from workshop.site import build, learning_path, offline_check, vendor
+from workshop.site import requirements as site_requirements
 
 ROOT = project_root()
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -216,6 +217,31 @@ def test_a_vendored_script_that_changed_stops_the_build(tmp_path, monkeypatch):
     (copy / entry["file"]).unlink()
     with pytest.raises(vendor.VendorError, match="is missing"):
         vendor.verify()
+
+
+def test_the_pages_workflow_installs_the_site_s_part_of_the_lock_with_hashes():
+    requirements, lock = (ROOT / "requirements.txt").read_text(), (ROOT / "requirements.lock").read_text()
+    part = site_requirements.site_part(requirements, lock)
+    pins = {re.match(r"[A-Za-z0-9._-]+", entry).group(0).lower(): entry for entry in part}
+    assert {"sphinx", "myst-nb", "myst-parser", "sphinx-book-theme", "pydata-sphinx-theme"} <= set(pins)
+    assert {"docutils", "jinja2", "nbformat", "pygments"} <= set(pins), "what they pull in, through the lock"
+    assert not {"torch", "ray", "mlflow", "jupyterlab"} & set(pins), "nothing the lessons need and the site does not"
+    assert all("--hash=sha256:" in entry for entry in part)
+    workflow = (ROOT / ".github" / "workflows" / "site.yml").read_text()
+    assert "python -m workshop.site.requirements >" in workflow and "--require-hashes" in workflow
+
+
+def test_the_site_s_part_of_a_lock_follows_what_pulls_in_what():
+    requirements = "torch==1\n\n# The site: ...\nsphinx==9  # the builder\n"
+    lock = ("# header\nalpha==1 \\\n    --hash=sha256:a\n    # via sphinx\n"
+            "beta==1 \\\n    --hash=sha256:b\n    # via\n    #   alpha\n    #   torch\n"
+            "sphinx==9 \\\n    --hash=sha256:s\n    # via -r requirements.txt\n"
+            "torch==1 \\\n    --hash=sha256:t\n    # via -r requirements.txt\n"
+            "gamma==1 ; sys_platform == 'darwin' \\\n    --hash=sha256:g\n    # via torch\n")
+    assert [entry.split("==")[0] for entry in site_requirements.site_part(requirements, lock)] == [
+        "alpha", "beta", "sphinx"]
+    with pytest.raises(ValueError, match="has no sphinx: run `make lock`"):
+        site_requirements.site_part(requirements, lock.replace("sphinx==9", "sphinx-old==9"))
 
 
 # --- in Chromium, offline ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(site.summary())
-    print(f"Preview it: python -m http.server -d {site.folder} 8000, then open http://127.0.0.1:8000/")
+    print(f"Preview it: python -m http.server --bind 127.0.0.1 -d {site.folder} 8000, then open http://127.0.0.1:8000/")
     return 0
 
 
