@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from workshop.site import build
+from workshop.site import build, vendor
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         site = build.build(args.out, quiet=not args.verbose)
-    except build.SiteError as error:
+    except (build.SiteError, vendor.VendorError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(site.summary())
