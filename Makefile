@@ -13,7 +13,7 @@ INDEX  ?=
 # make of its own, so that the install is judged after a .venv of the wrong Python has gone.
 venv:
 	@sh workshop/venv.sh $(VENV) "$(PYTHON)"
-	@$(MAKE) --no-print-directory $(STAMP)
+	@$(MAKE) --no-print-directory -s $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m workshop.install $(if $(KIT),--kit "$(KIT)") $(if $(INDEX),--index "$(INDEX)")
