@@ -430,7 +430,7 @@ def test_interrupting_07_s_pipeline_and_08_s_roll_is_one_line_each_and_champion_
     page.goto(f"{base}/lab/workspaces/test-{uuid.uuid4().hex[:8]}/tree/08_serve_the_champion.ipynb?reset&token={token}")
     wait_for_idle_kernel(page)
     for before in ("resources = cluster.init_ray(settings)", "serve.start(http_options=",
-                   'set_registered_model_alias(registered_model, "challenger"'):
+                   "for candidate in serving_support.roll_candidates("):
         run_done(page, before)  # Ray and the deployment again (the last cell let both go), a challenger to roll to
     line = interrupted_line(page, run_cell(page, 'rolled_back_if_stopped("The roll"')[0], after=3)
     where = re.fullmatch(r"Interrupted: The roll stopped: you interrupted it\. The deployment serves @champion "
