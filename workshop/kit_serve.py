@@ -5,14 +5,13 @@ that fails is refused in one line), under a key that goes with the address learn
 request gets 404, as does anything outside the kit. GET and HEAD only, no listing, nothing written. Every
 request is bounded: a connection that sends nothing for :data:`IDLE_TIMEOUT` seconds is closed, a request
 line over 8 KiB is refused (headers: 100 lines of 64 KiB at most, as http.server has it), and at most
-:data:`MAX_CONNECTIONS` are served at once (the others get 503 and their installer tries again). It prints
+:data:`MAX_CONNECTIONS` are served at once (the others wait their turn in the listening queue). It prints
 the two commands learners type.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hmac
 import secrets
 import sys
@@ -23,8 +22,8 @@ from pathlib import Path
 from workshop.install import sha256_of
 from workshop.kit import REPOSITORY, SUMS
 
-IDLE_TIMEOUT = 60.0  # seconds a connection may stay silent
-MAX_CONNECTIONS = 64  # served at once; a room of 30 installers opens a few each
+IDLE_TIMEOUT = 20.0  # seconds a connection may stay silent (an idle kept-alive one gives its slot up)
+MAX_CONNECTIONS = 64  # served at once; the others wait to be accepted (make install opens 8 at most)
 MAX_LINE = 8192  # bytes of a request line or a header line
 KEY_LETTERS = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: typed from a slide
 
@@ -67,13 +66,9 @@ class KitServer(ThreadingHTTPServer):
         super().__init__(address, KitRequestHandler)
 
     def process_request(self, request, client_address) -> None:
-        """Serve it in a thread of its own if a slot is free, else answer 503 at once."""
-        if not self.slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 2\r\nContent-Length: 0\r\n"
-                                b"Connection: close\r\n\r\n")
-            self.shutdown_request(request)
-            return
+        """Serve it in a thread of its own once a slot is free (the connections behind it wait to be accepted)."""
+        while not self.slots.acquire(timeout=1.0):
+            pass
         super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address) -> None:
