@@ -43,6 +43,7 @@ from helpers.worker_env import ROOM_ENVIRONMENT
 from workshop import dashboard_sign_in, processes, stack, stack_ports, state_files
 
 LAB_RECORD, JUPYTER_RECORD = "lab", "jupyterlab"  # process records in the state folder
+LAB_SETTINGS = Path(__file__).parent / "jupyterlab"  # overrides.json: JupyterLab's defaults for the room
 
 
 class LabError(TutorialError, RuntimeError):
@@ -101,8 +102,10 @@ def jupyter_command(port: int, notebook_dir: Path, as_root: bool, kernel_sockets
                "--ServerApp.port_retries=0",
                f"--ServerApp.root_dir={notebook_dir}",
                "--KernelManager.transport=ipc", f"--KernelManager.ip={kernel_sockets / 'kernel'}",
-               # No calls home (workshops may be offline): no news feed, no check for a newer JupyterLab.
-               "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+               # No calls home (workshops may be offline): no news feed, no check for a newer JupyterLab, and
+               # the page does not ask whether to fetch news (workshop/jupyterlab/overrides.json: Never).
+               "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+               f"--LabApp.app_settings_dir={LAB_SETTINGS}"]
     return command + (["--allow-root"] if as_root else [])  # JupyterLab refuses to start as root without it
 
 

@@ -1,0 +1,282 @@
+"""A workshop room with no internet: a kit built here, then learners who install from it in network namespaces that
+have only loopback (``ip netns``: the network cut for real, not by trusting flags), as root.
+
+* A Mac-shaped learner: the repository cloned from the kit into a folder more than 60 characters deep, ``HOME``
+  elsewhere, ``TMPDIR`` as macOS sets it; ``make install KIT=...``, then notebooks 01-05 (``make catch-up NN=07``:
+  06 is skipped in its one line, as this kit could fetch no lakeFS here), then ``make lab`` and a notebook run
+  through it.
+* Three learners at once from ``make kit-serve`` on loopback: each clones the repository over HTTP and runs
+  ``make install INDEX=...``; one of them then runs notebook 04.
+* A kit missing a wheel, and one with a changed byte, each stop ``make install`` in one line naming the wheel,
+  with nothing installed; ``make kit-serve`` refuses such a kit, and a wheel changed after it started is refused
+  by the learner's hash check.
+
+Each learner's .venv is several GB: they are removed as soon as their test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from helpers.settings import project_root
+from workshop import kit as kit_module
+from workshop.install import platform_name
+
+pytestmark = [pytest.mark.notebook, pytest.mark.slow]
+
+ROOT = project_root()
+PYTHON = os.path.realpath(sys._base_executable)  # the interpreter, not this .venv's link to it
+MAC_TMPDIR = "/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T/"  # as macOS sets it: 49 bytes
+DEEP = "Users/learner/Documents/workshops/december-2026/mnist-on-object-storage"
+
+
+def learner_env(home: Path, tmpdir: str | None = None) -> dict[str, str]:
+    """A learner's shell: none of this test process's settings, their own HOME (and TMPDIR)."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": str(home), "LANG": "C.UTF-8",
+           "TUTORIAL_HEADLESS": "1"}
+    if tmpdir:
+        env["TMPDIR"] = tmpdir
+    home.mkdir(parents=True, exist_ok=True)
+    return env
+
+
+class Namespace:
+    """A network namespace with loopback only; commands run in it with ``ip netns exec``."""
+
+    def __init__(self) -> None:
+        self.name = f"kit-{uuid.uuid4().hex[:8]}"
+
+    def __enter__(self) -> Namespace:
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        self.run(["ip", "link", "set", "lo", "up"], check=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pids = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "delete", self.name], check=False)
+
+    def command(self, args: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *args]
+
+    def run(self, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+        kwargs.setdefault("capture_output", True)
+        kwargs.setdefault("text", True)
+        return subprocess.run(self.command(args), **kwargs)
+
+    def popen(self, args: list[str], **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(self.command(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                **kwargs)
+
+    def has_no_route_out(self) -> bool:
+        """Nothing but loopback: a connection to a public address fails at once."""
+        probe = "import socket; s = socket.socket(); s.settimeout(3); s.connect(('151.101.0.223', 443))"
+        return self.run([sys.executable, "-c", probe]).returncode != 0
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    """A kit for this machine's platform and Python 3.11, built as an instructor does (with the registry)."""
+    if os.getuid() != 0 or not shutil.which("ip"):
+        pytest.skip("the network namespaces of these tests need root and iproute2")
+    folder = tmp_path_factory.mktemp("kit")
+    built = subprocess.run([sys.executable, "-m", "workshop.kit", "--kit", str(folder), "--platforms",
+                            platform_name()], cwd=ROOT, capture_output=True, text=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    assert "lakeFS for" in built.stdout  # fetched, or one line saying the kit runs without notebook 06
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def clone(namespace: Namespace | None, source: str, target: Path, env: dict[str, str]) -> Path:
+    """``git clone`` of the kit's repository, as a learner does (from the stick, or over HTTP)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    args = ["git", "clone", "--quiet", source, str(target)]
+    done = namespace.run(args, env=env) if namespace else subprocess.run(args, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return target
+
+
+def make(namespace: Namespace, checkout: Path, env: dict[str, str], *args: str, timeout: float = 1200):
+    """``make ...`` in the learner's checkout, inside the namespace."""
+    return namespace.run(["make", "--no-print-directory", "-C", str(checkout), *args, f"PYTHON={PYTHON}"], env=env,
+                         timeout=timeout)
+
+
+def installed(checkout: Path) -> list[str]:
+    """The distributions in the learner's .venv besides pip (and the setuptools a venv may start with)."""
+    found = {p.name.split("-")[0].lower() for p in checkout.glob(".venv/lib/python*/site-packages/*.dist-info")}
+    return sorted(found - {"pip", "setuptools"})
+
+
+def lab_url(lab: subprocess.Popen, deadline: float) -> str:
+    """The JupyterLab address ``make lab`` printed (its token in it)."""
+    lines = []
+    while time.monotonic() < deadline:
+        line = lab.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if found := re.search(r"(http://127\.0\.0\.1:\d+/lab\?token=\w+)", line):
+            return found[1]
+    raise AssertionError("make lab printed no JupyterLab address:\n" + "".join(lines[-30:]))
+
+
+@pytest.mark.timeout(2400)
+def test_a_mac_shaped_learner_installs_from_the_kit_with_the_network_cut_and_runs_01_to_05_and_the_lab(kit,
+                                                                                                       tmp_path):
+    tmpdir = Path(MAC_TMPDIR)
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    tmpdir.chmod(0o1777)
+    env = learner_env(tmp_path / "elsewhere" / "home", MAC_TMPDIR)
+    checkout = tmp_path / DEEP
+    assert len(str(checkout)) >= 60
+    with Namespace() as namespace:
+        assert namespace.has_no_route_out()
+        clone(namespace, str(kit / kit_module.REPOSITORY), checkout, env)
+        try:
+            done = make(namespace, checkout, env, "install", f"KIT={kit}")
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            # 01-05 at their defaults; 06 without lakeFS: skipped in one line (the stack's lakeFS download fails)
+            done = make(namespace, checkout, env, "catch-up", "NN=07")
+            assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
+            rows = dict(re.findall(r"^(\d\d_\w+\.ipynb)\s+(ok|skipped|failed)\b", done.stdout, flags=re.MULTILINE))
+            assert [rows.get(n) for n in sorted(rows)] == ["ok"] * 5 + ["skipped"], done.stdout[-3000:]
+            assert "NotebookSkipped" in done.stdout and "lakeFS" in done.stdout
+            # Ray's sockets went to /tmp, not under the Mac's TMPDIR, where they would not have fit
+            sockets = namespace.run(["find", "/tmp", "-type", "s", "-path", "*ray*"]).stdout.split()
+            assert sockets and all(len(s) <= 103 for s in sockets), sockets
+            # make lab starts, and a notebook runs through it
+            lab = namespace.popen(["make", "--no-print-directory", "-C", str(checkout), "lab", f"PYTHON={PYTHON}"],
+                                  env=env, start_new_session=True)
+            try:
+                url = lab_url(lab, time.monotonic() + 300)
+                ran = namespace.run([str(checkout / ".venv" / "bin" / "python"), str(ROOT / "tests" / "platform" /
+                                     "lab_client.py"), url, "02_list_and_split.ipynb"], env=env, timeout=600)
+                assert ran.returncode == 0, ran.stdout + ran.stderr
+                result = json.loads(ran.stdout.strip().splitlines()[-1])
+                assert result["ran"] == result["code cells"] > 5 and not result["errors"]
+            finally:
+                os.killpg(lab.pid, signal.SIGINT)
+                lab.wait(timeout=120)
+        finally:
+            make(namespace, checkout, env, "stack-down", timeout=300)
+            shutil.rmtree(checkout, ignore_errors=True)
+            shutil.rmtree(env["HOME"], ignore_errors=True)
+
+
+@pytest.mark.timeout(2400)
+def test_three_learners_install_at_once_from_kit_serve_on_loopback_and_one_runs_notebook_04(kit, tmp_path):
+    learners = [(tmp_path / f"learner-{n}" / "mnist-on-object-storage",
+                 learner_env(tmp_path / f"learner-{n}" / "home")) for n in (1, 2, 3)]
+    with Namespace() as namespace:
+        server = namespace.popen([sys.executable, "-m", "workshop.kit_serve", "--kit", str(kit), "--port", "0",
+                                  "--bind", "127.0.0.1"], cwd=ROOT)
+        try:
+            printed = [server.stdout.readline() for _ in range(5)]
+            index = re.search(r"INDEX=(\S+)", "".join(printed))[1]
+            assert index.startswith("http://127.0.0.1:") and "repository.git" in "".join(printed)
+            for checkout, env in learners:
+                clone(namespace, index + kit_module.REPOSITORY, checkout, env)
+            with contextlib.ExitStack() as installs:
+                running = [installs.enter_context(namespace.popen(
+                    ["make", "--no-print-directory", "-C", str(checkout), "install", f"INDEX={index}",
+                     f"PYTHON={PYTHON}"], env=env)) for checkout, env in learners]
+                said = [p.communicate(timeout=1800)[0] for p in running]
+            assert [p.returncode for p in running] == [0, 0, 0], "\n".join(s[-2000:] for s in said)
+            checkout, env = learners[0]
+            done = namespace.run([str(checkout / ".venv" / "bin" / "python"), "-m", "workshop.runner", "--only",
+                                  "04_"], cwd=checkout, env=env, timeout=1200)
+            assert done.returncode == 0 and re.search(r"^04_\w+\.ipynb\s+ok\b", done.stdout, re.MULTILINE), \
+                done.stdout[-3000:] + done.stderr[-2000:]
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=30)
+            for checkout, env in learners:
+                if (checkout / ".venv").exists():
+                    namespace.run([str(checkout / ".venv" / "bin" / "python"), "-m", "workshop.stack", "down"],
+                                  cwd=checkout, env=env, timeout=300)
+                shutil.rmtree(checkout.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def damaged_kit(kit, tmp_path):
+    """A copy of the kit (its files linked, not copied) whose wheels a test may remove or change."""
+    copy = tmp_path / "kit"
+    subprocess.run(["cp", "-al", str(kit), str(copy)], check=True)
+    return copy
+
+
+def small_wheel(kit: Path) -> Path:
+    """A small wheel this machine needs from the kit."""
+    manifest = json.loads((kit / "manifest.json").read_text())
+    wheels = manifest["wheels"][platform_name()]["3.11"]
+    return kit / "wheels" / next(w["file"] for w in wheels if w["file"].startswith("six-"))
+
+
+def change_a_byte(path: Path) -> None:
+    """The wheel, unlinked from the kit it was copied from, with one byte changed and still a valid zip archive
+    (its comment): only its hash tells it from the locked one."""
+    data = path.read_bytes()
+    path.unlink()
+    assert data[-2:] == b"\x00\x00", "a wheel ends with an empty archive comment"
+    path.write_bytes(data[:-2] + b"\x01\x00" + b"x")  # a comment of one byte
+    with zipfile.ZipFile(path) as archive:
+        assert archive.testzip() is None and archive.comment == b"x"
+
+
+@pytest.mark.parametrize("damage, said", [("missing", "is missing six-"), ("changed", "fails its hash check")])
+def test_a_kit_missing_a_wheel_or_with_a_changed_byte_stops_the_install_in_one_line(kit, damaged_kit, tmp_path,
+                                                                                    damage, said):
+    wheel = small_wheel(damaged_kit)
+    wheel.unlink() if damage == "missing" else change_a_byte(wheel)
+    env = learner_env(tmp_path / "home")
+    checkout = clone(None, str(kit / kit_module.REPOSITORY), tmp_path / "mnist-on-object-storage", env)
+    with Namespace() as namespace:
+        done = make(namespace, checkout, env, "install", f"KIT={damaged_kit}")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr
+    assert said in errors[0] and wheel.name in errors[0] and "nothing was installed" in errors[0].lower()
+    assert installed(checkout) == [], "nothing installed from a damaged kit"
+    # kit-serve refuses to serve it, in one line naming the file
+    served = subprocess.run([sys.executable, "-m", "workshop.kit_serve", "--kit", str(damaged_kit), "--port", "0",
+                             "--bind", "127.0.0.1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert served.returncode == 1 and f"wheels/{wheel.name}" in served.stderr.strip().splitlines()[-1]
+
+
+def test_a_wheel_changed_while_served_fails_the_learner_s_hash_check_in_one_line(damaged_kit, tmp_path):
+    ready = threading.Event()
+    with Namespace() as namespace:
+        server = namespace.popen([sys.executable, "-m", "workshop.kit_serve", "--kit", str(damaged_kit), "--port",
+                                  "0", "--bind", "127.0.0.1"], cwd=ROOT)
+        try:
+            index = re.search(r"INDEX=(\S+)", "".join(server.stdout.readline() for _ in range(5)))[1]
+            ready.set()
+            change_a_byte(small_wheel(damaged_kit))  # after the server checked the kit
+            env = learner_env(tmp_path / "home")
+            checkout = clone(namespace, index + kit_module.REPOSITORY, tmp_path / "mnist-on-object-storage", env)
+            done = make(namespace, checkout, env, "install", f"INDEX={index}")
+        finally:
+            server.send_signal(signal.SIGINT)
+            server.wait(timeout=30)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode != 0 and len(errors) == 1, done.stderr
+    assert "six" in errors[0] and "hash" in errors[0].lower()
+    assert [name for name in installed(checkout) if name != "uv"] == [], "nothing installed but the kit's uv"
+    shutil.rmtree(tmp_path, ignore_errors=True)
