@@ -125,12 +125,12 @@ def start_lab(notebook_dir: Path, env: dict[str, str], user: str | None = None, 
 def lab_environment(owner: str | None = None) -> dict[str, str]:
     """The session's environment for the lab, with JupyterLab's settings and workspaces in a folder of their own.
 
-    Notebooks render every cell (no windowing), so the page can be checked cell by cell, and no news
-    notification covers it. ``owner`` gets the folder (a learner's lab runs as them).
+    Notebooks render every cell (no windowing), so the page can be checked cell by cell. Nothing else is set:
+    no news prompt covers the page because the lab's own settings say so (checked below).
+    ``owner`` gets the folder (a learner's lab runs as them).
     """
     settings = Path(tempfile.mkdtemp(prefix="lab-settings-"))
-    for plugin, values in {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
-                           "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"}}.items():
+    for plugin, values in {"@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"}}.items():
         path = settings / "user" / f"{plugin}.jupyterlab-settings"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(values))
@@ -296,6 +296,37 @@ def test_make_lab_prints_its_urls_once_jupyterlab_answers(lab):
 
     with urllib.request.urlopen(lab.urls["JupyterLab"], timeout=10) as answer:  # it answers by the time it is printed
         assert answer.status == 200
+
+
+NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
+
+
+def test_the_lab_s_page_asks_no_host_but_the_lab_s_own_and_no_news_question(lab, browser):
+    """Nothing in the room asks for the internet: the page's requests all go to JupyterLab's own address (any
+    other is blocked and counted), and it neither asks about Jupyter's news nor checks for a newer version."""
+    base, _ = lab.jupyter
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    elsewhere: list[str] = []
+
+    def only_the_lab(route) -> None:
+        if route.request.url.startswith((base + "/", base.replace("http", "ws") + "/")):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    context.route("**/*", only_the_lab)
+    page = context.new_page()
+    try:
+        page.goto(lab.urls["JupyterLab"])
+        page.wait_for_selector(".jp-Launcher", timeout=60_000)
+        page.wait_for_timeout(8_000)  # the news question comes a few seconds after the page is up
+        shoot(page, "lab-first-page")
+        assert page.get_by_text(NEWS_PROMPT).count() == 0, "JupyterLab asked about Jupyter's news"
+        assert page.locator(".jp-Notification-Toast-info, .Toastify__toast").count() == 0
+    finally:
+        context.close()
+    assert elsewhere == [], f"the lab's page asked other hosts: {elsewhere[:5]}"
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
