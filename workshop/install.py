@@ -151,10 +151,48 @@ def install_project() -> None:
          "-e", str(ROOT)], "installing this project")
 
 
-def from_registry(lock: Path = LOCK) -> None:
-    """Install the lock from the package registry with pip, hashes required; then this project."""
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "-r", str(lock)],
-        f"installing {lock.name}")
+# PyPI's Linux build of torch and what it pulls in for the GPU: what a CPU-only torch leaves out.
+TORCH = ("torch", "torchvision")
+CUDA_PACKAGES = re.compile(r"^(nvidia-[\w-]+|cuda-[\w-]+|triton)$")
+
+
+def lock_entries(lock: Path) -> dict[str, list[str]]:
+    """The lock's entries by package name: each ``name==version`` line with its hash and comment lines."""
+    entries: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in lock.read_text().splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            current = entries.setdefault(re.split(r"[=\[ ;]", line, maxsplit=1)[0].lower(), [])
+        if current is not None and line and not line.startswith("#"):
+            current.append(line)
+    return entries
+
+
+def without_torch(lock: Path) -> str:
+    """The lock as a requirements file, less torch, torchvision and the CUDA packages PyPI's Linux torch needs."""
+    kept = [lines for name, lines in lock_entries(lock).items() if name not in TORCH and not CUDA_PACKAGES.match(name)]
+    return "\n".join(line for lines in kept for line in lines) + "\n"
+
+
+def from_registry(lock: Path = LOCK, torch_from: str | None = None) -> None:
+    """Install the lock from the package registry with pip, hashes required; then this project.
+
+    ``torch_from``: an index of CPU-only builds (PyTorch's own, ``https://download.pytorch.org/whl/cpu``), from
+    which torch and torchvision come at the lock's versions, without hashes (that index's files are not in the
+    lock), and without the GPU libraries: about 3 GB less on Linux. docker/jupyter.Dockerfile installs so.
+    """
+    if torch_from:
+        versions = [f"{name}=={lock_entries(lock)[name][0].split('==')[1].split()[0]}" for name in TORCH]
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--index-url", torch_from, *versions],
+            f"installing {' and '.join(versions)} from {torch_from}")
+        with tempfile.TemporaryDirectory() as folder:
+            rest = Path(folder) / lock.name
+            rest.write_text(without_torch(lock))
+            run([sys.executable, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "-r", str(rest)],
+                f"installing {lock.name} without torch's GPU build")
+    else:
+        run([sys.executable, "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps", "-r", str(lock)],
+            f"installing {lock.name}")
     install_project()
 
 
@@ -235,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--kit", type=Path, help="a workshop kit's folder (make kit)")
     source.add_argument("--index", help="a workshop kit served by make kit-serve: the address it printed")
+    source.add_argument("--torch-from", metavar="URL", help="torch and torchvision from this index of CPU-only "
+                        "builds (https://download.pytorch.org/whl/cpu), the rest of the lock from the registry")
     args = parser.parse_args(argv)
     os.environ.setdefault("PIP_DISABLE_PIP_VERSION_CHECK", "1")
     try:
@@ -243,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.index:
             from_index(args.index)
         else:
-            from_registry()
+            from_registry(torch_from=args.torch_from)
     except InstallError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

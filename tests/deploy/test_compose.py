@@ -29,7 +29,7 @@ def test_every_image_is_pinned(compose):
         if "build" in service:
             dockerfile = ROOT / service["build"]["dockerfile"]
             pins = re.findall(r"(\w[\w-]*)==[\d.]+", dockerfile.read_text())
-            assert pins or "requirements.txt" in dockerfile.read_text(), dockerfile
+            assert pins or "requirements.lock" in dockerfile.read_text(), dockerfile
 
 
 def test_long_running_services_have_health_checks_and_wait_for_health(compose):
@@ -121,16 +121,22 @@ def test_minio_images_come_from_quay_not_the_withdrawn_docker_hub_repositories(c
     assert not [s["image"] for s in compose["services"].values() if s["image"].startswith("minio/")]
 
 
-def test_jupyter_image_has_cpu_torch_and_a_non_root_user(compose):
+def test_jupyter_image_has_cpu_torch_from_the_lock_and_a_non_root_user(compose):
+    from workshop import install
+
     dockerfile = (ROOT / "docker" / "jupyter.Dockerfile").read_text()
-    # CPU wheels by default; a GPU image is the same file built with another index (deploy/kuberay/README.md)
+    # CPU wheels by default; a GPU image is the same file built with the whole lock (deploy/kuberay/README.md)
     assert re.search(r"^ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu$", dockerfile, re.M)
-    cpu = dockerfile.index('--index-url "${TORCH_INDEX_URL}"')
-    requirements = dockerfile.index("-r requirements.txt")
-    assert cpu < requirements, "CPU wheels first, so requirements.txt finds torch already satisfied"
-    pins = dict(re.findall(r"^(torch|torchvision)==(\S+)", (ROOT / "requirements.txt").read_text(), re.M))
-    for package, version in pins.items():
-        assert f"{package}=={version}" in dockerfile[cpu - 200:requirements], package
+    assert re.search(r"^COPY requirements\.lock ", dockerfile, re.M) and "requirements.txt" not in dockerfile
+    assert 'python -m workshop.install ${TORCH_INDEX_URL:+--torch-from "$TORCH_INDEX_URL"}' in dockerfile
+    # what --torch-from installs with hashes: the whole lock but PyPI's torch, torchvision and their GPU libraries
+    rest = install.without_torch(ROOT / "requirements.lock")
+    names = {line.split("==")[0] for line in rest.splitlines() if line and not line[0].isspace()}
+    locked = set(install.lock_entries(ROOT / "requirements.lock"))
+    left_out = locked - names
+    assert {"torch", "torchvision", "triton"} <= left_out and any(n.startswith("nvidia-") for n in left_out)
+    assert all(n in install.TORCH or install.CUDA_PACKAGES.match(n) for n in left_out), left_out
+    assert rest.count("--hash=sha256:") > len(names), "every entry kept with its hashes"
     users = re.findall(r"^USER\s+(\S+)", dockerfile, re.M)
     assert users and users[-1] not in ("root", "0")
     assert "--allow-root" not in compose["services"]["jupyter"]["command"]
