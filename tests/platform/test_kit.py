@@ -2,8 +2,8 @@
 have only loopback (``ip netns``: the network cut for real, not by trusting flags), as root.
 
 * A Mac-shaped learner: the repository cloned from the kit into a folder more than 60 characters deep, ``HOME``
-  elsewhere, ``TMPDIR`` as macOS sets it; ``make install KIT=...``, then notebooks 01-05 (``make catch-up NN=07``:
-  06 is skipped in its one line, as this kit could fetch no lakeFS here), then ``make lab`` and a notebook run
+  elsewhere, ``TMPDIR`` as macOS sets it; ``make install KIT=...``, then notebooks 01-05 under papermill (06 is
+  skipped in its one line, as this kit could fetch no lakeFS here), then ``make lab`` and a notebook run
   through it.
 * Three learners at once from ``make kit-serve`` on loopback: each clones the repository over HTTP and runs
   ``make install INDEX=...``; one of them then runs notebook 04.
@@ -158,8 +158,11 @@ def test_a_mac_shaped_learner_installs_from_the_kit_with_the_network_cut_and_run
         try:
             done = make(namespace, checkout, env, "install", f"KIT={kit}")
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            # 01-05 at their defaults; 06 without lakeFS: skipped in one line (the stack's lakeFS download fails)
-            done = make(namespace, checkout, env, "catch-up", "NN=07")
+            # 01-05, at a smaller size than their defaults (what they must show here is that they run on this
+            # install and these paths); 06 without lakeFS: skipped in one line (the lakeFS download fails)
+            assert make(namespace, checkout, env, "stack-up", timeout=300).returncode == 0
+            done = namespace.run([str(checkout / ".venv" / "bin" / "python"), "-m", "workshop.runner", "--before",
+                                  "07", "-p", "smoke_test_size", "120"], cwd=checkout, env=env, timeout=1800)
             assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
             rows = dict(re.findall(r"^(\d\d_\w+\.ipynb)\s+(ok|skipped|failed)\b", done.stdout, flags=re.MULTILINE))
             assert [rows.get(n) for n in sorted(rows)] == ["ok"] * 5 + ["skipped"], done.stdout[-3000:]
@@ -207,7 +210,8 @@ def test_three_learners_install_at_once_from_kit_serve_on_loopback_and_one_runs_
             assert [p.returncode for p in running] == [0, 0, 0], "\n".join(s[-2000:] for s in said)
             checkout, env = learners[0]
             done = namespace.run([str(checkout / ".venv" / "bin" / "python"), "-m", "workshop.runner", "--only",
-                                  "04_"], cwd=checkout, env=env, timeout=1200)
+                                  "04_", "-p", "smoke_test_size", "120", "-p", "epochs", "2"], cwd=checkout,
+                                 env=env, timeout=1200)
             assert done.returncode == 0 and re.search(r"^04_\w+\.ipynb\s+ok\b", done.stdout, re.MULTILINE), \
                 done.stdout[-3000:] + done.stderr[-2000:]
         finally:
