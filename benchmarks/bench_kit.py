@@ -1,7 +1,7 @@
 """The workshop kit measured in one run: its size per platform, and installs side by side.
 
-* the kit for this machine's platform and macOS arm64 (``make kit``): what a learner on each fetches, and the part
-  of Linux's that is CUDA (PyTorch's GPU libraries, which a CPU laptop never uses);
+* the kit for every platform of the lock (``make kit PLATFORMS=...``): what a learner on each fetches, and the
+  part of Linux's that is CUDA (PyTorch's GPU libraries, which a CPU laptop never uses);
 * a fresh clone installed from the package registry (``make install``), from the kit's folder
   (``make install KIT=``) and from ``make kit-serve`` (``make install INDEX=``) with 1 and with 3 learners at once,
   the kit installs in network namespaces that have only loopback;
@@ -107,7 +107,7 @@ def main() -> int:
         sys.exit("bench_kit.py needs root: its learners install in network namespaces with loopback only")
     top = Path(tempfile.mkdtemp(prefix="bench-kit-"))
     kit = args.keep_kit or top / "kit"
-    platforms = kit_module.default_platforms()
+    platforms = list(dict.fromkeys([*kit_module.default_platforms(), *kit_module.PLATFORMS]))  # every one, sized
     results: dict[str, object] = {"platforms": platforms}
     try:
         seconds, said = timed([sys.executable, "-m", "workshop.kit", "--kit", str(kit), "--platforms", *platforms],
@@ -148,11 +148,15 @@ def main() -> int:
                                                   "install", f"INDEX={index}", f"PYTHON={PYTHON}"], env=env,
                                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
                                 time.perf_counter()) for checkout, env in group]
-                    each = []
-                    for proc, began in running:
-                        if proc.wait() != 0:
-                            raise RuntimeError(f"an install from kit-serve failed: {proc.stderr.read()[-2000:]}")
-                        each.append(round(time.perf_counter() - began, 1))
+                    each: dict[int, float] = {}
+                    while len(each) < len(running):  # each learner's own time, as it ends
+                        for number, (proc, began) in enumerate(running):
+                            if number not in each and proc.poll() is not None:
+                                if proc.returncode != 0:
+                                    raise RuntimeError(f"an install from kit-serve failed: {proc.stderr.read()[-999:]}")
+                                each[number] = round(time.perf_counter() - began, 1)
+                        time.sleep(0.5)
+                    each = [each[number] for number in range(len(running))]
                     installs.append({"from": "make kit-serve on loopback (uv), network cut", "learners": count,
                                      "seconds": round(time.perf_counter() - started, 1), "each s": each,
                                      **installed_gb(group[0][0])})

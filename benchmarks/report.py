@@ -949,10 +949,43 @@ def site_section(data: dict) -> list[str]:
     return out
 
 
+def kit_section(data: dict) -> list[str]:
+    """The workshop kit's size per platform and the installs side by side, from ``kit.json`` (``bench_kit.py``)."""
+    kit, morning = data["kit"], data.get("morning", {})
+    out = [measured_on(data, "bench_kit.py"), f"`make kit` built the kit for {', '.join(data['platforms'])} "
+           f"(Python 3.11) in {secs(kit['build s'])} s: {kit['folder GB']} GB in all, pure-Python wheels once for "
+           "every platform. What a learner fetches from it, and how much of that is PyTorch's CUDA libraries, which "
+           "PyPI's Linux PyTorch carries whether or not the machine has a GPU "
+           "([a CPU-only PyTorch](quickstart.md#platforms)):"]
+    out.append(markdown_table(["platform", "a learner fetches", "of which CUDA", "lakeFS in the kit"], [
+        [name, f"{size} GB", f"{kit.get(f'{name} cuda GB', 0)} GB", "yes" if kit["lakeFS"].get(name) else
+         "no: not fetched here (no route to GitHub); notebook 06 is skipped"]
+        for name, size in kit["per learner GB"].items()]))
+    out.append("A fresh clone installed side by side in one run, one after the other: from the package registry "
+               "as `make install` does with internet (pip), from the kit's folder (`make install KIT=`), and from "
+               "`make kit-serve` on loopback (`make install INDEX=`) with one learner and with three at once; the "
+               "installs from the kit ran in a network namespace with loopback only. The .venv counts each file "
+               "once (uv links the files it unpacks):")
+    out.append(markdown_table(["installed from", "learners at once", "seconds", "each learner's seconds",
+                               ".venv", "of which CUDA"], [
+        [row["from"], str(row["learners"]), secs(row["seconds"]),
+         ", ".join(secs(s) for s in row.get("each s", [row["seconds"]])), f"{row['venv GB']} GB",
+         f"{row['venv CUDA GB']} GB"] for row in data["installs"]]))
+    if morning:
+        notebooks = ", ".join(f"{n} {secs(s)} s" for n, s in morning["notebooks s"].items())
+        skipped = f"; {', '.join(morning['skipped'])} skipped (no lakeFS in the kit)" if morning["skipped"] else ""
+        out.append(f"A learner's whole morning from the kit, with the network cut: a fresh clone, `make install "
+                   f"KIT=`, then `make run` (the stack started and every notebook at its defaults) took "
+                   f"{duration(morning['total s'])}: the install {secs(morning['install s'])} s, the notebooks "
+                   f"({notebooks}{skipped}) and the stack's start and the run's own work "
+                   f"{secs(morning['stack start and the rest s'])} s.")
+    return out
+
+
 def results_page() -> str:
     """``docs/results.md``: every benchmark's tables and what they show, written from ``benchmarks/results/``."""
     names = ("upload_listing", "data_loading", "training", "tune_600", "tune_12000", "smoke", "inference",
-             "serve", "full_size", "scale", "site")
+             "serve", "full_size", "scale", "site", "kit")
     data = {name: load(name) for name in names}
     machines = [d.get("machine", {}) for d in data.values()] + [
         run.get("machine", {}) for name in ("smoke", "scale") for run in data[name].get("runs", {}).values()]
@@ -980,6 +1013,7 @@ def results_page() -> str:
         ("Full size", ["full_size"], lambda: full_size_section(data["full_size"])),
         ("How the cost grows", ["scale"], lambda: scale_section(data["scale"])),
         ("The website", ["site"], lambda: site_section(data["site"])),
+        ("The workshop kit", ["kit"], lambda: kit_section(data["kit"])),
     ]
     for title, files, render in sections:
         out.append(f"## {title}")
