@@ -129,23 +129,34 @@ def loopback_only() -> None:
 RAY_SOCKETS = "/stack-0123abcd/ray/session_2026-12-31_23-59-59_999999_4194304/sockets/plasma_store"
 
 
-def private_ray_tmpdir() -> None:
-    """Give Ray, in this process and the workers it starts, a temporary folder of this user's own.
+def ray_tmpdir() -> str:
+    """The temporary folder of this user's own that a local Ray gets (:func:`private_ray_tmpdir`), made if missing.
 
-    Ray keeps its session files in ``/tmp/ray`` and Ray Train's lock files in ``/tmp/_ray_lockfiles``, one
-    of each for every user of the machine: the first user's folders lock the others out (another
-    learner's training run failed with PermissionError on a lock file), and its session folders are
-    writable by everyone. ``RAY_TMPDIR`` (Ray's own variable) moves both; one already set is kept. The
-    folder is short enough for Ray's sockets (:data:`RAY_SOCKETS`), in ``$TMPDIR`` or else in /tmp, as
-    macOS's ``$TMPDIR`` is too long for them.
+    ``RAY_TMPDIR`` where the environment sets it; else a folder short enough for Ray's sockets
+    (:data:`RAY_SOCKETS`), in ``$TMPDIR`` or else in /tmp, as macOS's ``$TMPDIR`` is too long for them.
 
     Raises:
         SocketPathError: a ``RAY_TMPDIR`` set in the environment is too long for Ray's sockets.
     """
     from helpers.private_files import SocketPathError, private_temp_folder, unix_socket_limit
 
-    folder = os.environ.setdefault("RAY_TMPDIR", str(private_temp_folder("ray", room=len(RAY_SOCKETS))))
+    folder = os.environ.get("RAY_TMPDIR") or str(private_temp_folder("ray", room=len(RAY_SOCKETS)))
     longest, limit = len(folder.encode()) + len(RAY_SOCKETS), unix_socket_limit()
     if longest > limit:
         raise SocketPathError(f"RAY_TMPDIR={folder} would give Ray's sockets paths of {longest} bytes, over this "
                               f"system's limit of {limit}: unset RAY_TMPDIR, or set it to a shorter folder")
+    return folder
+
+
+def private_ray_tmpdir() -> None:
+    """Give Ray, in this process and the workers it starts, a temporary folder of this user's own.
+
+    Ray keeps its session files in ``/tmp/ray`` and Ray Train's lock files in ``/tmp/_ray_lockfiles``, one
+    of each for every user of the machine: the first user's folders lock the others out (another
+    learner's training run failed with PermissionError on a lock file), and its session folders are
+    writable by everyone. ``RAY_TMPDIR`` (Ray's own variable) moves both (:func:`ray_tmpdir`).
+
+    Raises:
+        SocketPathError: a ``RAY_TMPDIR`` set in the environment is too long for Ray's sockets.
+    """
+    os.environ["RAY_TMPDIR"] = ray_tmpdir()

@@ -48,10 +48,10 @@ from pathlib import Path
 import psutil
 
 from helpers import stack_ray
-from helpers.private_files import private_folder
+from helpers.private_files import SocketPathError, private_folder
 from helpers.settings import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.settings import services_line as configured_services_line
-from helpers.worker_env import ROOM_ENVIRONMENT
+from helpers.worker_env import ROOM_ENVIRONMENT, ray_tmpdir
 from workshop import lakefs_binary, lakefs_service, mlflow_service, ray_service, seaweedfs_service, service_health
 from workshop.credentials import (
     fast_admin_login,
@@ -214,6 +214,11 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
         ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
     paths = _private_folders(state)
+    if with_ray:  # said here in one line, not as the end of Ray's log once it failed to start
+        try:
+            ray_tmpdir()
+        except SocketPathError as err:
+            raise StackError(str(err)) from None
     ports, given = load_or_choose_ports(state, ports)
     lakefs = lakefs_binary.find() if with_lakefs else None
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),

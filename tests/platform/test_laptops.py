@@ -31,7 +31,11 @@ MAC_TMPDIR = "/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T/"  # as macOS set
 
 @pytest.fixture
 def mac_tmpdir(monkeypatch, tmp_path_factory):
-    """``$TMPDIR`` as macOS sets it, made here (as root; a user may not create /var/folders)."""
+    """``$TMPDIR`` as macOS sets it, made here (as root; a user may not create /var/folders).
+
+    pytest's own temporary folder is fixed first (``tmp_path_factory``), outside it.
+    """
+    tmp_path_factory.getbasetemp()
     folder = Path(MAC_TMPDIR)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -73,6 +77,18 @@ def test_ray_s_folder_leaves_its_sockets_room_under_a_mac_tmpdir_and_a_long_ray_
         worker_env.private_ray_tmpdir()
     assert str(refused.value).startswith(f"RAY_TMPDIR={mac_tmpdir}/ray-501 would give Ray's sockets paths of")
     assert "unset RAY_TMPDIR" in str(refused.value)
+
+
+def test_stack_up_says_a_ray_tmpdir_too_long_for_sockets_in_one_line_and_starts_nothing(tmp_path, mac_tmpdir,
+                                                                                         monkeypatch):
+    from workshop import stack
+    from workshop.state_files import StackError
+
+    monkeypatch.setenv("RAY_TMPDIR", str(mac_tmpdir / ("r" * 60)))
+    with pytest.raises(StackError) as refused:
+        stack.up(tmp_path / "state")
+    assert str(refused.value).startswith("RAY_TMPDIR=") and "\n" not in str(refused.value)
+    assert not list((tmp_path / "state").glob("*.pid")), "no service started"
 
 
 def test_the_object_store_s_sockets_move_out_of_a_state_folder_at_macos_s_limit(monkeypatch, tmp_path):
