@@ -92,7 +92,7 @@ def socket_check() -> Check:
     import tempfile
 
     from helpers.private_files import SocketPathError, short_temp_root, unix_socket_limit
-    from helpers.worker_env import RAY_SOCKETS
+    from helpers.worker_env import RAY_SOCKETS, ray_tmpdir
     from workshop.lab import KERNEL_SOCKETS
 
     limit, tmpdir = unix_socket_limit(), tempfile.gettempdir()
@@ -101,10 +101,8 @@ def socket_check() -> Check:
         return Check("sockets", False, f"TMPDIR={tmpdir} ({len(tmpdir.encode())} bytes) leaves no room for the "
                                        f"sockets programs make in it ({in_tmpdir} of at most {limit} bytes): set a "
                                        "shorter one, e.g. export TMPDIR=/tmp")
-    ray_folder = os.environ.get("RAY_TMPDIR")
     try:
-        ray = Path(ray_folder) if ray_folder else \
-            short_temp_root(len(RAY_SOCKETS) + len(f"/ray-{os.getuid()}")) / f"ray-{os.getuid()}"
+        ray = Path(ray_tmpdir())  # RAY_TMPDIR, or the folder the stack's Ray gets
         kernels = short_temp_root(len(KERNEL_SOCKETS))
     except SocketPathError as err:
         return Check("sockets", False, str(err))
@@ -112,9 +110,8 @@ def socket_check() -> Check:
                f"the lab's kernels' in {kernels}": len(str(kernels).encode()) + len(KERNEL_SOCKETS),
                f"those made in TMPDIR ({tmpdir})": in_tmpdir}
     name, length = max(longest.items(), key=lambda item: item[1])
-    if length > limit:
-        return Check("sockets", False, f"{name} would have {length} bytes, over this system's {limit}: unset "
-                                       "RAY_TMPDIR, or set it to a shorter folder")
+    if length > limit:  # unreachable unless the limits above are wrong: said all the same
+        return Check("sockets", False, f"{name} would have {length} bytes, over this system's {limit}")
     return Check("sockets", True, f"the longest, {name}, {length} of {limit} bytes")
 
 
