@@ -19,7 +19,6 @@ from pathlib import Path
 
 from common import lakefs_or_double
 
-from helpers import worker_env
 from helpers.settings import load_settings
 from workshop import runner, stack, stack_ports
 
@@ -27,7 +26,7 @@ from workshop import runner, stack, stack_ports
 def main() -> int:
     """Start a private stack, run every notebook in place, stop the stack; the runner's exit status."""
     state = Path(tempfile.mkdtemp(prefix="stack-notebooks-"))
-    os.environ.update(worker_env.reproducible_numerics())  # as nbval's run in the tests: the stack's Ray inherits it
+    os.environ.update(runner.reproducible_numerics())  # as nbval's run in the tests: the stack's Ray inherits it
     try:
         stack.up(state, ports=stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS)))
         os.environ["STACK_STATE_DIR"] = str(state)  # the notebooks find it as a learner's find .stack

@@ -85,24 +85,6 @@ def local_ray_defaults() -> dict[str, str]:
     return {**LOCAL_RAY_DEFAULTS, "GLOO_SOCKET_IFNAME": loopback_interface()}
 
 
-# Floating-point results that do not depend on the machine's vector instructions: Intel MKL (PyTorch's BLAS on
-# x86) and PyTorch's own kernels would otherwise pick AVX-512 paths where the CPU has them, whose sums round
-# differently from AVX2's, and a seeded training run would end one test image apart on another machine. Set
-# where outputs are compared with committed ones (the tests, `make notebooks`), inherited by the stack's Ray.
-REPRODUCIBLE_NUMERICS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-
-
-def reproducible_numerics(machine: str | None = None) -> dict[str, str]:
-    """:data:`REPRODUCIBLE_NUMERICS` on an x86-64 machine; nothing on another (Apple silicon, aarch64 Linux).
-
-    Both settings name x86 instruction sets: an ARM PyTorch has no AVX2 to pin and warns about the value. Its
-    seeded accuracies come out a few images apart from the committed outputs, which are made on x86-64.
-    """
-    import platform
-
-    return dict(REPRODUCIBLE_NUMERICS) if (machine or platform.machine()).lower() in ("x86_64", "amd64") else {}
-
-
 # Every name settings_env can set: a local Ray starts without any of them left over from other settings.
 WORKER_SETTINGS = ("AWS_EC2_METADATA_DISABLED", "S3_ENDPOINT", "S3_ACCESS_KEY", "S3_SECRET_KEY", "S3_SECURE",
                    "S3_REGION", "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",

@@ -11,7 +11,8 @@ From a kit the lakeFS binary comes from the kit too, checked against its pinned 
 uv installs a kit in about half pip's time (``benchmarks/results/kit.json``); from the registry pip keeps
 whatever configuration a learner's machine gives it (mirrors, proxies, certificates).
 
-This runs before anything is installed, so it needs the standard library only.
+This runs before anything is installed, so it needs the standard library only (and this repository's
+helpers.errors, which is no more).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from helpers.errors import TutorialError
+
 ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements.lock"
 MANIFEST = "manifest.json"  # = workshop.kit.MANIFEST
 
 
-class InstallError(RuntimeError):
+class InstallError(TutorialError, RuntimeError):
     """The install cannot go on (the message, one line, says what to do)."""
 
 

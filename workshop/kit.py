@@ -37,6 +37,7 @@ from packaging.markers import Marker
 from packaging.tags import Tag, compatible_tags, cpython_tags, mac_platforms
 from packaging.utils import parse_wheel_filename
 
+from helpers.errors import TutorialError
 from helpers.settings import project_root
 from workshop import lakefs_binary
 from workshop.install import MANIFEST, platform_name, sha256_of
@@ -48,7 +49,7 @@ LAKEFS_MACHINES = {"linux-x86_64": ("linux", "x86_64"), "linux-aarch64": ("linux
                    "macos-arm64": ("darwin", "arm64")}  # lakeFS's names for them (its releases, RELEASE_SHA256)
 
 
-class KitError(RuntimeError):
+class KitError(TutorialError, RuntimeError):
     """The kit cannot be built (the message says what is missing and what to do)."""
 
 

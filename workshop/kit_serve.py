@@ -19,6 +19,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from helpers.errors import TutorialError
 from workshop.install import sha256_of
 from workshop.kit import REPOSITORY, SUMS
 
@@ -28,7 +29,7 @@ MAX_LINE = 8192  # bytes of a request line or a header line
 KEY_LETTERS = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: typed from a slide
 
 
-class KitServeError(RuntimeError):
+class KitServeError(TutorialError, RuntimeError):
     """The kit cannot be served (the message says which file and what to do)."""
 
 

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers.errors import TutorialError
 from helpers.settings import project_root
 
 REQUIREMENTS, LOCK = "requirements.txt", "requirements.lock"
@@ -54,7 +55,7 @@ PLATFORMS = {p.name: p for p in (
 MACOS_VERSION = "14.0"  # torch's macOS wheels need 14 or later
 
 
-class LockError(RuntimeError):
+class LockError(TutorialError, RuntimeError):
     """The lock cannot be made or resolved (the message says which package and why)."""
 
 

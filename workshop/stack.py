@@ -178,6 +178,8 @@ def up(
         StackError: a service failed to start (shows the end of its log).
     """
     state = (state or state_dir()).resolve()
+    if with_ray:
+        _ray_sockets_fit()
     with state_lock(state):
         for attempt in range(3):
             try:
@@ -199,6 +201,14 @@ def up(
     raise AssertionError("unreachable")
 
 
+def _ray_sockets_fit() -> None:
+    """Say in one line, before anything starts, where Ray's sockets would not fit (not as the end of its log)."""
+    try:
+        ray_tmpdir()
+    except SocketPathError as err:
+        raise StackError(str(err)) from None
+
+
 RAY_START_TIMED_OUT = "The current node timed out during startup"  # Ray's words, in its log's last lines
 
 
@@ -214,11 +224,6 @@ def _up(state: Path, ports: dict[str, int] | None, with_mlflow: bool, timeout: f
         with_lakefs: bool, with_ray: bool, ray_cpus: int | None,
         ray_dashboard_port: int | None = None) -> list[ServiceStatus]:
     paths = _private_folders(state)
-    if with_ray:  # said here in one line, not as the end of Ray's log once it failed to start
-        try:
-            ray_tmpdir()
-        except SocketPathError as err:
-            raise StackError(str(err)) from None
     ports, given = load_or_choose_ports(state, ports)
     lakefs = lakefs_binary.find() if with_lakefs else None
     wanted = [name for name, on in (("seaweedfs", True), ("mlflow", with_mlflow), ("lakefs", lakefs is not None),

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.worker_env import reproducible_numerics
 from workshop import stack_ports
+from workshop.runner import reproducible_numerics
 
 # A kernel runs every cell with Python's own Ctrl-C handler: ipykernel ignores SIGINT between requests and
 # installs `signal.default_int_handler` while it handles one, whatever its process inherited. A test process
