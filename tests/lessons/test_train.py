@@ -338,6 +338,31 @@ def test_a_run_ends_failed_on_an_error_and_killed_on_an_interrupt(settings):
     tracking.end_run(MlflowClient("http://127.0.0.1:9"), "gone", ValueError("x"))  # an outage never hides the error
 
 
+def test_only_a_run_an_outage_stopped_with_the_same_parameters_is_resumed(settings):
+    """04 run again beside finished and failed runs of the same parameters starts a run of its own: only one an
+    object-store outage tagged, with equal parameters, is reopened (the rerun nbval's second run used to guard)."""
+    client = MlflowClient(settings.mlflow_tracking_uri)
+    experiment = tracking.experiment_id(client, f"tests-resume-{uuid.uuid4().hex[:6]}")
+    params = {"epochs": 10, "lr": 0.003, "num_workers": 2}
+
+    def run_with(error, logged) -> str:
+        run_id = client.create_run(experiment).info.run_id
+        client.log_batch(run_id, params=tracking.as_params(logged))
+        tracking.end_run(client, run_id, error)
+        return run_id
+
+    run_with(None, params)  # finished: 04's earlier run, as nbval's first run leaves it
+    run_with(ValueError("a bug"), params)  # failed, not by an outage
+    assert tracking.interrupted_run(client, experiment, params) is None
+    outage = RuntimeError("Worker failed: AWS Error NETWORK_CONNECTION during PutObject operation: curlCode: 7, "
+                          "Couldn't connect to server")  # what Ray Train reports when the store stops answering
+    assert storage.outage_during(outage) is not None
+    run_with(outage, {**params, "epochs": 20})  # an outage, other parameters
+    assert tracking.interrupted_run(client, experiment, params) is None
+    stopped = run_with(outage, params)
+    assert tracking.interrupted_run(client, experiment, params).info.run_id == stopped
+
+
 @pytest.mark.parametrize("change, message", [
     ({"epochs": 0}, "epochs=0 is out of range"),
     ({"epochs": "3"}, "epochs must be a whole number"),
