@@ -13,6 +13,29 @@ from workshop import runner
 pytestmark = pytest.mark.notebook
 
 
+def with_a_stray(client, bucket: str, smoke_test_size: int | None = None) -> None:
+    """A README someone dropped into ``train/`` next to the images (after uploading ``smoke_test_size`` of them)."""
+    import io
+
+    from helpers import storage, upload
+
+    if smoke_test_size:
+        upload.upload_mnist(bucket, smoke_test_size, client=client, progress=False)
+    storage.ensure_bucket(client, bucket)
+    client.put_object(bucket, "train/notes.txt", io.BytesIO(b"read me first"), 13)
+
+
+def outputs_of(path) -> str:
+    """Every output of an executed notebook, as one text to search."""
+    return json.dumps([c.get("outputs", []) for c in json.loads(path.read_text())["cells"]])
+
+
+def assert_the_stray_was_never_read(path) -> None:
+    """03-05 read the manifest, which never held the stray object: no image of its kind was decoded."""
+    said = outputs_of(path)
+    assert "txt images" not in said and "image_format='txt'" not in said
+
+
 def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
     facts = run("01", tmp_path, bucket=bucket, smoke_test_size=120)
     # 120 training images, 200 validation images (train/, from index 50,000), 400 test images
@@ -23,8 +46,11 @@ def test_01_uploads_the_smoke_set(client, bucket, tmp_path):
     assert len(keys) == len(set(keys)) == 720
 
 
-def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
-    facts = run("02", tmp_path, bucket=bucket, smoke_test_size=60)  # uploads itself: bucket is empty
+def test_02_runs_first_and_alone_and_splits_and_names_a_stray_object_once(client, bucket, tmp_path):
+    with_a_stray(client, bucket)  # no image in the bucket yet: 02 uploads them itself
+    facts = run("02", tmp_path, bucket=bucket, smoke_test_size=60)
+    said = outputs_of(tmp_path / "02_list_and_split.ipynb")
+    assert "Skipped 1 object in bucket" in said and "'train/notes.txt'" in said
     assert (facts["train pointers"], facts["test pointers"]) == (160, 200)  # 60 + 100 validation; 200 test
     assert facts["first pointer in key order"] == "train/0/00001.png" and facts["its label"] == 0  # key-sorted
     smoke = (facts["smoke train pointers"], facts["smoke validation pointers"], facts["smoke test pointers"])
@@ -34,11 +60,7 @@ def test_02_runs_first_and_alone_and_splits(client, bucket, tmp_path):
     assert len(listing.list_objects_from_manifest(bucket, client=client)) == 360
 
 
-@pytest.mark.parametrize("parameters, message", [
-    ({"smoke_test_size": -5}, "smoke_test_size=-5"),
-    ({"smoke_test_size": "abc"}, "smoke_test_size must be an integer, not 'abc'"),
-    ({"threads": 0}, "threads=0 is out of range"),
-    ({"threads": "16"}, "threads must be a whole number"),
+@pytest.mark.parametrize("parameters, message", [  # each bad value's message: tests/lessons/test_parameters.py
     ({"bucket": "Not_A_Valid_Bucket"}, "'Not_A_Valid_Bucket' is not a valid bucket name"),
 ])
 def test_a_bad_parameter_fails_the_run_with_one_clear_line(bucket, tmp_path, parameters, message):
@@ -83,8 +105,10 @@ def test_committed_notebooks_have_parameters_and_no_machine_paths():
         assert '"output_type": "error"' not in text, notebook.name
 
 
-def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
+def test_03_preprocesses_with_tasks_actors_and_both_readers(client, bucket, tmp_path):
+    with_a_stray(client, bucket, 450)
     facts = run("03", tmp_path, bucket=bucket, smoke_test_size=450, batch_size=400)
+    assert_the_stray_was_never_read(tmp_path / "03_ray_data_preprocessing.ipynb")
     assert facts["pointers"] == 450 and facts["torch batches"] == 2
     assert facts["preprocessing batches"] >= 4  # 450 rows in batches of 400: two or more each for tasks and actors
     assert facts["batch shape"] == [400, 1, 28, 28]
@@ -104,7 +128,8 @@ def test_03_preprocesses_with_tasks_actors_and_both_readers(bucket, tmp_path):
     assert any(name.endswith(" MapBatches(drop_faint)") for name in operators), operators
 
 
-def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tmp_path, settings, monkeypatch):
+def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(client, bucket, tmp_path, settings,
+                                                                       monkeypatch):
     import mlflow
     from mlflow.tracking import MlflowClient
 
@@ -112,7 +137,9 @@ def test_04_trains_tracks_and_tests_and_resumes_after_a_killed_worker(bucket, tm
 
     monkeypatch.setenv(timings.TIMINGS_ENV, str(tmp_path / "spans.jsonl"))  # what bench_smoke.py reads
     # README's fault demo: fail_at_epoch = 7 at the defaults (10 epochs, a checkpoint every 5)
+    with_a_stray(client, bucket, 300)
     facts = run("04", tmp_path, bucket=bucket, smoke_test_size=300, hidden_sizes=[64], fail_at_epoch=7)
+    assert_the_stray_was_never_read(tmp_path / "04_distributed_training.ipynb")
     spans = timings.read(tmp_path / "spans.jsonl")
     labels = {s["label"] for s in spans}
     assert {"kernel start + imports", "ray start", "load: list + fetch + decode", "training"} <= labels
@@ -165,7 +192,7 @@ def _assert_the_hardest_digit_answer(said: str, served, images, labels) -> None:
     assert f"hardest: {hardest} (" in said and f"most often taken for: {tied} ({wrong.max()} times each)" in said, said
 
 
-def test_05_keeps_the_known_good_point_unless_the_paired_test_finds_it_beaten(bucket, tmp_path, settings):
+def test_05_keeps_the_known_good_point_unless_the_paired_test_finds_it_beaten(client, bucket, tmp_path, settings):
     """At the defaults (600 images, 8 trials of 10 epochs), with every exercise's solution."""
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -173,7 +200,9 @@ def test_05_keeps_the_known_good_point_unless_the_paired_test_finds_it_beaten(bu
     from helpers import sweeps
 
     experiment = f"t-05-{bucket[2:12]}"
+    with_a_stray(client, bucket, 600)
     facts = run("05", tmp_path, bucket=bucket, experiment=experiment)
+    assert_the_stray_was_never_read(tmp_path / "05_tune_sweeps.ipynb")
     assert facts["trials"] == 8 and facts["first trial is the known-good point"] is True
     # the starting point is one of the trials: the sweep's best is at least as good; it replaces the starting
     # point only when the paired test on the validation images (McNemar's) finds it better beyond noise
@@ -220,33 +249,3 @@ def test_05_keeps_the_known_good_point_unless_the_paired_test_finds_it_beaten(bu
     assert "(3 and 6 at the defaults" in answer
     # exercise 2 correlates at the first rung, which every trial reached
     assert "with the accuracy after epoch 3:" in solution_output(tmp_path / "05_tune_sweeps.ipynb", 2)
-
-
-@pytest.fixture(scope="module")
-def stray_bucket(client):
-    """A smoke bucket with a README someone dropped into train/ next to the images."""
-    import io
-
-    from tests.suite.mnist_buckets import uploaded_bucket
-
-    with uploaded_bucket(client, "stray", 60) as name:
-        client.put_object(name, "train/notes.txt", io.BytesIO(b"read me first"), 13)
-        yield name
-
-
-@pytest.mark.parametrize("name, parameters", [
-    ("02", {}),
-    ("03", {"batch_size": 40}),
-    ("04", {"epochs": 1, "hidden_sizes": [16]}),
-    ("05", {"num_samples": 1, "epochs": 1}),
-])
-def test_a_stray_object_in_the_bucket_is_named_and_the_notebook_runs(stray_bucket, tmp_path, name, parameters):
-    """02 lists the bucket and names the stray once; 03-05 read the manifest, which never held it."""
-    notebook = runner.notebook_paths(pattern=f"{name}*.ipynb")[0]
-    result = runner.execute(notebook, tmp_path / notebook.name, {"bucket": stray_bucket, "smoke_test_size": 60,
-                                                                 **parameters})
-    assert result.status == "ok", result.message
-    said = json.dumps([c.get("outputs", []) for c in json.loads(result.output.read_text())["cells"]])
-    if name == "02":
-        assert "Skipped 1 object in bucket" in said and "'train/notes.txt'" in said
-    assert "txt images" not in said and "image_format='txt'" not in said

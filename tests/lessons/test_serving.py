@@ -1,12 +1,18 @@
-"""Notebook 08 and its deployment: 08 runs first and alone; its answers equal 07's Parquet predictions and carry
-the registry's lineage; a roll to another version under load sees no error; bad input is a 400 and one line."""
+"""Notebooks 07 and 08: 07 runs first and alone (no model anywhere: it trains one with 04 first) and its Parquet
+accuracy is the model's; 08 runs alone after it, on 07's bucket and the day's model 04 trained, and registers it;
+08's answers equal 07's Parquet predictions and carry the registry's lineage; a roll to another version under load
+sees no error; bad input is a 400 and one line. The two share the one training run, as a learner's day does."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import io
 import json
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,6 +20,7 @@ import pytest
 import requests
 
 from helpers import champion_candidates, cluster, listing, serving_support, storage, upload
+from tests.suite.notebook_runs import load_test_images, solution_output
 from workshop import runner
 
 pytestmark = pytest.mark.notebook  # runs notebooks end to end: not in make test-quick
@@ -22,21 +29,46 @@ SMOKE = 600  # 600 training, 1,000 validation and 2,000 test images: the learner
 
 
 @pytest.fixture(scope="module")
-def served(client, settings, tmp_path_factory):
-    """Notebook 08 run first and alone (with every solution), then the deployment it teaches, serving its champion."""
+def predicted(client, settings, tmp_path_factory):
+    """Notebook 07 run first and alone (with every solution): no model in its registry or experiments yet."""
+    import pyarrow.parquet as pq
+
+    from tests.suite.notebook_runs import run
+
+    suffix = uuid.uuid4().hex[:8]
+    bucket = f"t-serve-{suffix}"
+    folder = tmp_path_factory.mktemp("predicted")
+    try:
+        facts = run("07", folder, bucket=bucket, smoke_test_size=SMOKE, registered_model=f"t-none-{suffix}",
+                    sweep_experiment=f"t-07-none-{suffix}", training_experiment=f"t-serve-train-{suffix}",
+                    experiment=f"t-07-{suffix}")
+        parquet = pq.read_table(facts["predictions"].removeprefix("s3://"), filesystem=storage.s3_filesystem(settings))
+        yield SimpleNamespace(bucket=bucket, suffix=suffix, facts=facts, parquet=parquet,
+                              output=folder / "07_batch_inference.ipynb", training_experiment=f"t-serve-train-{suffix}")
+    finally:
+        storage.delete_bucket(client, bucket)
+
+
+@pytest.fixture(scope="module")
+def served(predicted, settings, tmp_path_factory):
+    """Notebook 08 run alone after 07 (with every solution), then the deployment it teaches, serving its champion.
+
+    A registry name of its own, and 07's bucket and training experiment: 08 finds the day's model 04 trained for
+    07, registers it, and needs no training of its own.
+    """
     from mlflow.tracking import MlflowClient
     from ray import serve
 
     from helpers.serving import DigitClassifier, model_lineage, resolve_alias
     from tests.suite.notebook_runs import default_mlflow_stores, summary
 
-    suffix = uuid.uuid4().hex[:8]
-    bucket, name = f"t-serve-{suffix}", f"t-serve-{suffix}"
+    bucket, name = predicted.bucket, f"t-serve-{predicted.suffix}"
     notebook = runner.notebook_paths(pattern="08*.ipynb")[0]
     output = tmp_path_factory.mktemp("served") / notebook.name
     result = runner.execute(notebook, output, {"bucket": bucket, "smoke_test_size": SMOKE, "registered_model": name,
-                                               "training_experiment": f"t-serve-train-{suffix}",
-                                               "sweep_experiment": f"t-serve-none-{suffix}"}, solutions=True)
+                                               "training_experiment": predicted.training_experiment,
+                                               "sweep_experiment": f"t-serve-none-{predicted.suffix}"},
+                            solutions=True)
     assert result.status == "ok", result.message
     assert not default_mlflow_stores(), "an MLflow call without a tracking URI made a store in the checkout"
     mlflow_client = MlflowClient(settings.mlflow_tracking_uri)
@@ -50,11 +82,10 @@ def served(client, settings, tmp_path_factory):
     try:
         yield SimpleNamespace(bucket=bucket, name=name, version=version, facts=summary(output), config=config,
                               url=f"http://127.0.0.1:{port}/t-serve", mlflow=mlflow_client, output=output,
-                              deployment=DigitClassifier, training_experiment=f"t-serve-train-{suffix}")
+                              deployment=DigitClassifier, training_experiment=predicted.training_experiment)
     finally:
         serve.shutdown()
         cluster.shutdown_ray()
-        storage.delete_bucket(client, bucket)
 
 
 def png_bodies(bucket: str, keys: list[str]) -> list[bytes]:
@@ -64,7 +95,45 @@ def png_bodies(bucket: str, keys: list[str]) -> list[bytes]:
             for key in keys]
 
 
-def test_08_runs_first_and_alone_registers_a_champion_and_rolls_there_and_back_without_an_error(served):
+def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(predicted, settings, client):
+    """No model anywhere (a registry name and experiment nobody used): 07 trains one with 04 first, then predicts."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from helpers import training
+
+    bucket, suffix, facts = predicted.bucket, predicted.suffix, predicted.facts
+    # 04 ran first, headless; its model, the best of the day, became the champion by notebook 06's rule
+    assert facts["model source"] == f"t-none-{suffix} version 1 (@champion, registered by notebook 07)"
+    assert not catch_up_copies(suffix), "04's executed copy is removed once it ran to the end"
+    # the predictions are in the bucket under the run's prefix, and the MLflow run names that prefix
+    run_tags = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow run id"]).data.tags
+    assert run_tags["predictions"] == facts["predictions"] and run_tags["model_uri"] == facts["model"]
+    prefix = facts["predictions"].removeprefix(f"s3://{bucket}/")
+    files = [o.object_name for o in client.list_objects(bucket, prefix=prefix, recursive=True)
+             if not o.object_name.endswith("/")]  # pyarrow leaves a folder marker
+    assert files[-1] == f"{prefix}_SUCCESS" and all(name.endswith(".parquet") for name in files[:-1])
+    table = predicted.parquet
+    assert table.column_names == ["key", "label", "predicted", "confidence"] and table.num_rows == 2000
+    parquet_accuracy = float((table["label"].to_numpy() == table["predicted"].to_numpy()).mean())
+    # the same model, recomputed here on the same test images without Ray
+    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
+    images, labels = load_test_images(bucket, 2000)
+    import torch
+
+    with torch.no_grad():
+        predicted_digits = mlflow.pytorch.load_model(facts["model"])(torch.as_tensor(images)).argmax(dim=1).numpy()
+    recomputed = training.accuracy(predicted_digits, labels)
+    assert parquet_accuracy == recomputed and round(recomputed, 4) == facts["test_accuracy from the Parquet"]
+    assert facts["recorded test_accuracy"] == facts["test_accuracy from the Parquet"]  # what notebook 04 logged
+    assert sorted(table["key"].to_pylist()) == sorted(listing.get_train_test_data(bucket, SMOKE, "manifest")[2])
+    assert facts["driver predictions equal"] is True and facts["wrong"] == round((1 - recomputed) * 2000)
+    # exercise 3: on the images it trained on (no validation image among them), the model does better
+    by_split = ast.literal_eval(solution_output(predicted.output, 3).strip())
+    assert set(by_split) == {"train", "test"} and by_split["train"] > by_split["test"], by_split
+
+
+def test_08_runs_after_07_registers_a_champion_and_rolls_there_and_back_without_an_error(served):
     facts = served.facts
     assert facts["model version"] == "1" and facts["model"] == f"models:/{served.name}/1"  # 04's model, registered
     assert served.mlflow.get_model_version(served.name, "1").tags["registered_by"] == "notebook 08"
@@ -87,23 +156,18 @@ def test_08_runs_first_and_alone_registers_a_champion_and_rolls_there_and_back_w
     assert serving_support.api_key() not in json.dumps(cells), "the endpoint's key is in no output"
 
 
-def test_the_http_answers_equal_07_s_parquet_predictions_for_the_same_keys(served, settings):
-    import pyarrow.parquet as pq
-
-    from helpers.inference import predict_pointers
-
-    _, _, keys, labels, _ = listing.get_train_test_data(served.bucket, SMOKE, "manifest")
-    path = f"{served.bucket}/predictions/t-serve-{uuid.uuid4().hex[:6]}"
-    filesystem = storage.s3_filesystem(settings)
-    predict_pointers(keys, labels, served.bucket, served.config["model_uri"], num_actors=1,
-                     batch_size=len(keys)).write_parquet(path, filesystem=filesystem)
-    parquet = pq.read_table(path, filesystem=filesystem).to_pandas().set_index("key")
+def test_the_http_answers_equal_07_s_parquet_predictions_for_the_same_keys(served, predicted):
+    """The same model (04's run, registered by 07 and by 08) answers over HTTP what 07 wrote to Parquet."""
+    assert served.mlflow.get_model_version(served.name, served.version).run_id == \
+        served.mlflow.get_model_version(f"t-none-{predicted.suffix}", "1").run_id
+    parquet = predicted.parquet.to_pandas().set_index("key")
+    keys = sorted(parquet.index)[:500]
     bodies = png_bodies(served.bucket, keys)
     load = serving_support.send_load(served.url, bodies, clients=4, requests_per_client=-(-len(keys) // 4))
     answers = serving_support.answers_by_body(load)
     assert load.errors == [] and len(answers) == len(keys)
     http = {key: answers[body] for key, body in zip(keys, bodies, strict=True)}
-    assert {key: a["digit"] for key, a in http.items()} == parquet["predicted"].astype(int).to_dict()
+    assert {key: a["digit"] for key, a in http.items()} == parquet.loc[keys, "predicted"].astype(int).to_dict()
     assert np.allclose([http[key]["confidence"] for key in keys], parquet.loc[keys, "confidence"], atol=1e-4)
 
 
@@ -316,3 +380,14 @@ def test_the_endpoint_s_key_is_private_to_its_user_and_curl_reads_it_from_a_file
     assert serving_support.curl_header_file().read_text() == f"Authorization: Bearer {key}\n"
     assert serving_support.authorized(f"Bearer {key}", serving_support.key_digest(key))
     assert not serving_support.authorized(f"Bearer {key}x", serving_support.key_digest(key))
+
+
+def catch_up_copies(suffix: str) -> list[Path]:
+    """The executed copies of notebook 04 that a catch-up run for this test left in the temporary folder."""
+    found = []
+    for copy in Path(tempfile.gettempdir()).glob("catch-up-04-*/*.ipynb"):
+        with contextlib.suppress(OSError, ValueError):
+            parameters = json.loads(copy.read_text())["metadata"]["papermill"]["parameters"]
+            if any(suffix in str(value) for value in parameters.values()):
+                found.append(copy)
+    return found

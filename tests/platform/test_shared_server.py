@@ -105,7 +105,10 @@ def test_each_learner_runs_notebook_04_headless_at_the_same_time(rooms, request)
             if memory.total - memory.available > peak["used"]:
                 peak.update(used=memory.total - memory.available, biggest=biggest_processes())
 
-    notebooks = {"04_distributed": ("-p", "epochs", "3", "-p", "checkpoint_every", "3")}
+    # Small (120 images, 2 epochs): every kind of process still runs (Ray Data's actors, two training workers,
+    # MLflow's logging, the model logged), which is what the watcher and the doors below need.
+    notebooks = {"04_distributed": ("-p", "smoke_test_size", "120", "-p", "epochs", "2", "-p", "checkpoint_every",
+                                    "2")}
 
     def run_notebooks(room: Room) -> dict[str, subprocess.CompletedProcess]:
         runner = [".venv/bin/python", "-m", "workshop.runner", "--only"]
@@ -192,7 +195,7 @@ def what_is_there(room: Room) -> dict:
 
 def test_every_door_of_another_learner_s_room_refuses_them_and_nothing_of_it_changes(rooms):
     before = {room.user: what_is_there(room) for room in rooms}
-    assert all(len(there["objects"]["mnist"]) > 600 for there in before.values())
+    assert all(len(there["objects"]["mnist"]) >= 720 for there in before.values())  # 120 + 200 + 400 images
     intruder = str(project_root() / "tests" / "platform" / "room_intruder.py")
     verdicts = {}
     for me in rooms:

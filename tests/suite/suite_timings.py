@@ -6,22 +6,50 @@ as they are scheduled), with the test process that ran it. Each process also cou
 for the machine (``tests/suite/machine_share.py``): a test that needs the whole machine waits for the other
 process's current test, and the other process then waits for it. The main process writes one file for the
 run and prints the longest modules after the test summary, so a change that makes the suite slower shows
-which module paid, and whether the two processes were kept busy.
+which module paid, and whether the two processes were kept busy; then one budget line: each process's busy
+seconds against those docs/tests.md records for the last full run, the largest unit, and any unit over 15
+minutes. Speed is shown, never asserted: machines differ up to 3x. A change that adds a check on purpose
+updates the recorded numbers, and says why in its commit.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
+from helpers.settings import project_root
 from tests.suite import machine_share
 
 OPTION = "--timings-json"
 NBVAL_UNIT = "notebooks (nbval, then nbval again)"
+# docs/tests.md records each test process's busy seconds of the last full run as `<!-- busy-seconds: gw0=N gw1=N -->`
+RECORDED = re.compile(r"<!-- busy-seconds: ((?:\w+=\d+ ?)+) -->")
+UNIT_LIMIT_S = 15 * 60  # a unit of work longer than this holds one process for a third of the suite's 40 minutes
+
+
+def recorded_busy_seconds(page: Path) -> dict[str, int]:
+    """Each test process's busy seconds as docs/tests.md records them (empty where it records none)."""
+    found = RECORDED.search(page.read_text()) if page.exists() else None
+    return {name: int(value) for name, value in (pair.split("=") for pair in found[1].split())} if found else {}
+
+
+def budget_line(written: dict, recorded: dict[str, int]) -> str:
+    """One line: each process's busy seconds against the recorded ones, the largest unit, any unit over 15 min."""
+    parts = []
+    for process, row in written["processes"].items():
+        was = recorded.get(process)
+        change = f" (recorded {was:,}: {row['busy_s'] / was - 1:+.0%})" if was else " (none recorded)"
+        parts.append(f"{process} {row['busy_s']:,.0f} s busy{change}")
+    largest = written["units"][0] if written["units"] else None
+    over = [f"{u['unit']} {u['seconds']:,.0f} s" for u in written["units"] if u["seconds"] > UNIT_LIMIT_S]
+    return (f"budget: {', '.join(parts)}; largest unit "
+            + (f"{largest['unit']} {largest['seconds']:,.0f} s ({largest['process']})" if largest else "none")
+            + (f"; OVER 15 MIN: {', '.join(over)}" if over else "; no unit over 15 min"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -87,6 +115,7 @@ class Timings:
         for row in self.written["units"][:12]:
             tests = f"{row['tests']} test" + "s" * (row["tests"] != 1)
             write(f"{row['seconds']:8.1f} s  {row['process']:5} {row['unit']} ({tests})")
+        write(budget_line(self.written, recorded_busy_seconds(project_root() / "docs" / "tests.md")))
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from helpers.settings import project_root
-from tests.suite.suite_timings import NBVAL_UNIT, unit_of
+from tests.suite.suite_timings import NBVAL_UNIT, budget_line, recorded_busy_seconds, unit_of
 
 PROBES = {
     "test_slow_probe.py": "import time\n\n\ndef test_slow():\n    time.sleep(1.5)\n",
@@ -39,9 +39,25 @@ def test_a_run_writes_each_module_s_seconds_by_test_process_and_prints_the_longe
         assert row["busy_s"] == round(sum(u["seconds"] for u in written["units"] if u["process"] == process), 1)
     assert written["wall_s"] >= 1.5
     assert "where the time went" in ran.stdout and "test_slow_probe.py (1 test)" in ran.stdout
+    budget = next(line for line in ran.stdout.splitlines() if line.startswith("budget: "))
+    assert "s busy (recorded " in budget and "largest unit " in budget and "test_slow_probe.py" in budget
 
 
 def test_nbval_s_notebooks_and_its_second_run_are_one_unit_as_they_are_scheduled():
     assert unit_of("notebooks/04_distributed_training.ipynb::Cell 3") == NBVAL_UNIT
     assert unit_of("tests/lessons/test_nbval_again.py::test_nbval_passes_again_on_the_same_stack") == NBVAL_UNIT
     assert unit_of("tests/lessons/test_train.py::test_fit[1]") == "tests/lessons/test_train.py"
+
+
+def test_the_budget_line_compares_with_the_recorded_seconds_and_flags_a_unit_over_15_minutes():
+    recorded = recorded_busy_seconds(project_root() / "docs" / "tests.md")
+    assert set(recorded) == {"gw0", "gw1"} and all(s > 0 for s in recorded.values()), "docs/tests.md records them"
+    written = {"processes": {"gw0": {"busy_s": 2200.0}, "gw1": {"busy_s": 1000.0}},
+               "units": [{"unit": "tests/platform/test_kit.py", "seconds": 950.0, "process": "gw0"},
+                         {"unit": "tests/lessons/test_train.py", "seconds": 300.0, "process": "gw1"}]}
+    line = budget_line(written, {"gw0": 2000, "gw1": 1000})
+    assert line.startswith("budget: gw0 2,200 s busy (recorded 2,000: +10%), gw1 1,000 s busy (recorded 1,000: +0%)")
+    assert "largest unit tests/platform/test_kit.py 950 s (gw0); OVER 15 MIN: tests/platform/test_kit.py 950 s" in line
+    written["units"] = written["units"][1:]
+    assert budget_line(written, {}).endswith("(gw1); no unit over 15 min") and "(none recorded)" in budget_line(
+        written, {})

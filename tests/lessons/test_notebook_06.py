@@ -1,16 +1,14 @@
-"""Notebooks 06 and 07 executed by papermill with smoke parameters (apart from 01-05: the longest runs)."""
+"""Notebook 06 executed by papermill with smoke parameters, with lakeFS and without (apart from 01-05: a long run).
 
-import ast
-import contextlib
+Notebook 07 runs first and alone in tests/lessons/test_serving.py, where notebook 08 serves the model it trained.
+"""
+
 import json
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from helpers import listing
 from tests.suite.mnist_buckets import lakefs_images
-from tests.suite.notebook_runs import assert_lineage, load_test_images, run, solution_output
+from tests.suite.notebook_runs import assert_lineage, run
 from workshop import runner
 
 pytestmark = pytest.mark.notebook
@@ -89,48 +87,6 @@ def test_06_runs_parallel_experiments_on_lakefs_branches(bucket, tmp_path, lakef
         repo.delete()
 
 
-def test_07_runs_first_and_alone_and_the_parquet_accuracy_is_the_model_s(bucket, tmp_path, settings, client):
-    """No model anywhere (a registry name and experiment nobody used): 07 trains one with 04 first, then predicts."""
-    import mlflow
-    import pyarrow.parquet as pq
-    from mlflow.tracking import MlflowClient
-
-    from helpers import storage, training
-
-    suffix = bucket[2:12]
-    facts = run("07", tmp_path, bucket=bucket, smoke_test_size=300, registered_model=f"t-none-{suffix}",
-                sweep_experiment=f"t-07-none-{suffix}",
-                training_experiment=f"t-07-train-{suffix}", experiment=f"t-07-{suffix}")
-    # 04 ran first, headless; its model, the best of the day, became the champion by notebook 06's rule
-    assert facts["model source"] == f"t-none-{suffix} version 1 (@champion, registered by notebook 07)"
-    assert not catch_up_copies(suffix), "04's executed copy is removed once it ran to the end"
-    # the predictions are in the bucket under the run's prefix, and the MLflow run names that prefix
-    run_tags = MlflowClient(settings.mlflow_tracking_uri).get_run(facts["MLflow run id"]).data.tags
-    assert run_tags["predictions"] == facts["predictions"] and run_tags["model_uri"] == facts["model"]
-    prefix = facts["predictions"].removeprefix(f"s3://{bucket}/")
-    files = [o.object_name for o in client.list_objects(bucket, prefix=prefix, recursive=True)
-             if not o.object_name.endswith("/")]  # pyarrow leaves a folder marker
-    assert files[-1] == f"{prefix}_SUCCESS" and all(name.endswith(".parquet") for name in files[:-1])
-    table = pq.read_table(facts["predictions"].removeprefix("s3://"), filesystem=storage.s3_filesystem(settings))
-    assert table.column_names == ["key", "label", "predicted", "confidence"] and table.num_rows == 1000
-    parquet_accuracy = float((table["label"].to_numpy() == table["predicted"].to_numpy()).mean())
-    # the same model, recomputed here on the same test images without Ray
-    mlflow.set_tracking_uri(settings.mlflow_tracking_uri)
-    images, labels = load_test_images(bucket, 1000)
-    import torch
-
-    with torch.no_grad():
-        predicted = mlflow.pytorch.load_model(facts["model"])(torch.as_tensor(images)).argmax(dim=1).numpy()
-    recomputed = training.accuracy(predicted, labels)
-    assert parquet_accuracy == recomputed and round(recomputed, 4) == facts["test_accuracy from the Parquet"]
-    assert facts["recorded test_accuracy"] == facts["test_accuracy from the Parquet"]  # what notebook 04 logged
-    assert sorted(table["key"].to_pylist()) == sorted(listing.get_train_test_data(bucket, 300, "manifest")[2])
-    assert facts["driver predictions equal"] is True and facts["wrong"] == round((1 - recomputed) * 1000)
-    # exercise 3: on the 300 images it trained on (no validation image among them), the model does better
-    by_split = ast.literal_eval(solution_output(tmp_path / "07_batch_inference.ipynb", 3).strip())
-    assert set(by_split) == {"train", "test"} and by_split["train"] > by_split["test"], by_split
-
-
 def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bucket, tmp_path, monkeypatch):
     import socket
 
@@ -151,14 +107,3 @@ def test_06_without_lakefs_stops_at_its_first_cell_and_is_reported_as_skipped(bu
     assert any(o["output_type"] == "error" for o in code[0]["outputs"]), "it stops at its first cell"
     message = json.dumps(errors[0])
     assert "docker compose up" in message and "Traceback" not in message and len(message) < 1500
-
-
-def catch_up_copies(suffix: str) -> list[Path]:
-    """The executed copies of notebook 04 that a catch-up run for this test left in the temporary folder."""
-    found = []
-    for copy in Path(tempfile.gettempdir()).glob("catch-up-04-*/*.ipynb"):
-        with contextlib.suppress(OSError, ValueError):
-            parameters = json.loads(copy.read_text())["metadata"]["papermill"]["parameters"]
-            if any(suffix in str(value) for value in parameters.values()):
-                found.append(copy)
-    return found
