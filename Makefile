@@ -1,6 +1,8 @@
 # The two commands: `make run` (every notebook at smoke size) and `make test`.
 # Each makes .venv (Python 3.11 or 3.12, found by workshop/venv.sh) and installs requirements.lock on first use.
 PYTHON ?=
+# Only a PYTHON given on make's command line: one exported for other tools (node-gyp's PYTHON=python3) is not ours.
+CHOSEN_PYTHON := $(if $(filter command line,$(origin PYTHON)),$(PYTHON),)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -10,10 +12,11 @@ INDEX  ?=
 .PHONY: venv install lock kit kit-serve doctor run test test-quick lab lab-link submit reset catch-up solutions stack-up stack-down stack-status notebooks export site bench lint compose-check clean-runs
 
 # .venv first, by a supported Python (one another Python made is made again), then the install it lacks. In a
-# make of its own, so that the install is judged after a .venv of the wrong Python has gone.
+# make of its own, so that the install is judged after a .venv of the wrong Python has gone; KIT and INDEX are
+# where `make install` installs from, not `make kit`'s folder.
 venv:
-	@sh workshop/venv.sh $(VENV) "$(PYTHON)"
-	@$(MAKE) --no-print-directory -s $(STAMP)
+	@sh workshop/venv.sh $(VENV) "$(CHOSEN_PYTHON)"
+	@$(MAKE) --no-print-directory -s $(STAMP) $(if $(filter install,$(MAKECMDGOALS)),,KIT= INDEX=)
 
 $(STAMP): requirements.lock pyproject.toml
 	$(PY) -m workshop.install $(if $(KIT),--kit "$(KIT)") $(if $(INDEX),--index "$(INDEX)")
@@ -26,13 +29,13 @@ lock: venv  ## resolve requirements.txt into requirements.lock (every platform, 
 
 KIT_DIR ?= $(or $(KIT),kit)
 PLATFORMS ?=
-PYTHONS ?= 3.11
-kit: venv  ## a workshop kit for a room without internet (KIT=kit PLATFORMS="linux-x86_64 macos-arm64" PYTHONS=3.11)
+PYTHONS ?= 3.11 3.12
+kit: venv  ## a workshop kit for a room without internet (KIT=kit PLATFORMS="linux-x86_64 macos-arm64" PYTHONS="3.11 3.12")
 	$(PY) -m workshop.kit --kit "$(KIT_DIR)" $(if $(PLATFORMS),--platforms $(PLATFORMS)) --pythons $(PYTHONS)
 
-PORT ?= 8765
+KIT_PORT := $(if $(filter command line,$(origin PORT)),$(PORT),8765)
 kit-serve: venv  ## serve a workshop kit to the room, read-only (KIT=kit PORT=8765); prints what learners type
-	$(PY) -m workshop.kit_serve --kit "$(KIT_DIR)" --port $(PORT)
+	$(PY) -m workshop.kit_serve --kit "$(KIT_DIR)" --port $(KIT_PORT)
 
 doctor: venv  ## is this laptop ready? Python, disk, memory, socket paths, ports, the stack, a Ray task: one line each
 	$(PY) -m workshop.doctor

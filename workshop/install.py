@@ -8,11 +8,12 @@
   instructor's read-only server, with uv checking every file against the lock's hashes as it arrives.
 
 From a kit the lakeFS binary comes from the kit too, checked against its pinned SHA-256, into .venv/bin.
-uv installs a kit in about half pip's time (``benchmarks/results/kit.json``); from the registry pip keeps
-whatever configuration a learner's machine gives it (mirrors, proxies, certificates).
+From the kit's folder, uv installed the lock in 85 s here, where pip took 325 s from the registry
+(``benchmarks/results/kit.json``); from the registry pip keeps whatever configuration a learner's machine
+gives it (mirrors, proxies, certificates).
 
-This runs before anything is installed, so it needs the standard library only (and this repository's
-helpers.errors, which is no more).
+This runs before anything is installed, so it needs the standard library only (and helpers.errors, which
+needs nothing else).
 """
 
 from __future__ import annotations
@@ -45,16 +46,35 @@ def platform_name(system: str | None = None, machine: str | None = None) -> str:
     """This machine as the lock and the kit name it: ``linux-x86_64``, ``linux-aarch64`` or ``macos-arm64``.
 
     Raises:
-        InstallError: a machine the lock is not resolved for (an Intel Mac, Windows outside WSL).
+        InstallError: a machine the lock is not resolved for (an Intel Mac, Windows outside WSL), or a Mac's
+            x86-64 Python running under Rosetta.
     """
     system, machine = (system or platform.system()).lower(), (machine or platform.machine()).lower()
     name = {("linux", "x86_64"): "linux-x86_64", ("linux", "amd64"): "linux-x86_64",
             ("linux", "aarch64"): "linux-aarch64", ("linux", "arm64"): "linux-aarch64",
             ("darwin", "arm64"): "macos-arm64"}.get((system, machine))
+    if name is None and system == "darwin" and machine == "x86_64":
+        raise InstallError("this Python is built for Intel Macs: on Apple silicon it runs under Rosetta, and the "
+                           "lock is for arm64 (install Homebrew's Python, in /opt/homebrew, and run make again); "
+                           "an Intel Mac is not one the lock is for")
     if name is None:
         raise InstallError(f"this machine ({system} {machine}) is not one the lock is for: macOS on Apple silicon, "
                            "Linux on x86-64 or aarch64, or Windows through WSL2 (docs/quickstart.md)")
     return name
+
+
+def system_too_old() -> str:
+    """What is too old on this machine for the lock's wheels (glibc before 2.35, macOS before 14), else ""."""
+    if platform.system() == "Linux":
+        library, version = platform.libc_ver()
+        if library == "glibc" and version and tuple(map(int, version.split(".")[:2])) < (2, 35):
+            return (f"glibc {version}: the lock's wheels need 2.35 or later (Ubuntu 22.04, Debian 12); upgrade the "
+                    "system, or on Windows install WSL's Ubuntu-24.04")
+    if platform.system() == "Darwin":
+        release = platform.mac_ver()[0]
+        if release and int(release.split(".")[0]) < 14:
+            return f"macOS {release}: PyTorch's wheels need macOS 14 or later; update macOS"
+    return ""
 
 
 def python_version() -> str:
@@ -96,12 +116,15 @@ def wheels_for_here(manifest: dict, source: str) -> list[dict]:
         InstallError: the kit has none for this platform or Python.
     """
     name, python = platform_name(), python_version()
-    wheels = manifest.get("wheels", {}).get(name, {}).get(python)
+    held = manifest.get("wheels", {})
+    wheels = held.get(name, {}).get(python)
     if not wheels:
-        made_for = ", ".join(f"{p} (Python {', '.join(v)})" for p, v in manifest.get("wheels", {}).items())
+        made_for = ", ".join(f"{p} (Python {', '.join(v)})" for p, v in held.items())
+        platforms = " ".join(dict.fromkeys([*held, name]))
+        pythons = " ".join(sorted({v for by_python in held.values() for v in by_python} | {python}))
         raise InstallError(f"the kit at {source} has no wheels for {name} with Python {python}; it holds "
-                           f"{made_for or 'none'}: the instructor adds them with `make kit PLATFORMS={name} "
-                           f"PYTHONS={python}`")
+                           f"{made_for or 'none'}: the instructor adds them with `make kit PLATFORMS=\"{platforms}\" "
+                           f"PYTHONS=\"{pythons}\"` (a kit holds what its last build asked for)")
     return wheels
 
 
@@ -264,8 +287,9 @@ def from_index(index: str) -> None:
         path.write_bytes(fetch(index + "wheels/" + uv_wheel["file"]))
         check_wheel(path, uv_wheel, index)
         command = uv_from(Path(folder))
+    # A room shares one laptop's server: 8 files at a time, not uv's 50, and patience while others are served.
     run([*command, "--index-url", index + "simple/", "-r", str(LOCK)], f"installing requirements.lock from {index}",
-        env={**os.environ, "UV_CONCURRENT_DOWNLOADS": "8"})  # a room shares one laptop's server: not uv's 50
+        env={**os.environ, "UV_CONCURRENT_DOWNLOADS": "8", "UV_HTTP_TIMEOUT": "300"})
     install_project()
     lakefs_from(index + "lakefs/", manifest)
 

@@ -40,7 +40,7 @@ from packaging.utils import parse_wheel_filename
 from helpers.errors import TutorialError
 from helpers.settings import project_root
 from workshop import lakefs_binary
-from workshop.install import MANIFEST, platform_name, sha256_of
+from workshop.install import MANIFEST, InstallError, platform_name, sha256_of
 from workshop.lock import LEFT_OUT, LOCK, PLATFORMS, PYTHONS, Pin, Platform, normalise, read_pins
 
 REPOSITORY = "repository.git"
@@ -54,8 +54,15 @@ class KitError(TutorialError, RuntimeError):
 
 
 def default_platforms() -> list[str]:
-    """This machine's platform and macOS on Apple silicon, where most learners are."""
-    return list(dict.fromkeys([platform_name(), "macos-arm64"]))
+    """This machine's platform and macOS on Apple silicon, where most learners are.
+
+    An instructor's machine the lock is not for (an Intel Mac) builds for Linux on x86-64 and macOS instead.
+    """
+    try:
+        here = platform_name()
+    except InstallError:
+        here = "linux-x86_64"
+    return list(dict.fromkeys([here, "macos-arm64"]))
 
 
 def marker_environment(target: Platform, python: str, patch: int) -> dict[str, str]:
@@ -258,7 +265,14 @@ def gather_repository(kit: Path) -> dict:
 
 
 def write_sums(kit: Path, known: dict[str, str]) -> None:
-    """``SHA256SUMS`` over every file of the kit (``sha256sum -c`` reads it)."""
+    """``SHA256SUMS`` over every file of the kit (``sha256sum -c`` reads it); a link in it is refused.
+
+    Raises:
+        KitError: a symbolic link in the kit, which could lead out of it.
+    """
+    links = [p.relative_to(kit).as_posix() for p in kit.rglob("*") if p.is_symlink()]
+    if links:
+        raise KitError(f"the kit holds links ({', '.join(links[:3])}), which kit-serve would not serve: remove them")
     lines = []
     for path in sorted(p for p in kit.rglob("*") if p.is_file() and p.name != SUMS):
         relative = path.relative_to(kit).as_posix()
@@ -337,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kit", type=Path, default=project_root() / "kit", help="the kit's folder (./kit)")
     parser.add_argument("--platforms", nargs="+", default=None,
                         help=f"of {', '.join(PLATFORMS)} (default: this machine's and macos-arm64)")
-    parser.add_argument("--pythons", nargs="+", default=[PYTHONS[0]], help=f"of {', '.join(PYTHONS)} ({PYTHONS[0]})")
+    parser.add_argument("--pythons", nargs="+", default=list(PYTHONS),
+                        help=f"of {', '.join(PYTHONS)} (both: Ubuntu 24.04's own Python is 3.12)")
     parser.add_argument("--lakefs-from", help="where lakeFS's releases are (default: GitHub, or LAKEFS_RELEASES_URL)")
     args = parser.parse_args(argv)
     platforms = args.platforms or default_platforms()

@@ -16,6 +16,7 @@ import hmac
 import secrets
 import sys
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -43,10 +44,13 @@ def checked_files(kit: Path) -> dict[str, Path]:
         lines = (kit / SUMS).read_text().splitlines()
     except OSError:
         raise KitServeError(f"{kit} has no {SUMS}: it is not a finished kit; run `make kit KIT={kit}`") from None
-    files = {}
+    files, root = {}, kit.resolve()
     for line in lines:
         digest, _, relative = line.partition("  ")
         path = kit / relative
+        if path.is_symlink() or not path.resolve().is_relative_to(root):
+            raise KitServeError(f"{relative} in the kit's {SUMS} is outside the kit (a link, or a path out of it): "
+                                f"make the kit again with `make kit KIT={kit}`")
         if not path.is_file():
             raise KitServeError(f"the kit at {kit} is missing {relative}: copy it again, or run `make kit KIT={kit}`")
         if sha256_of(path) != digest:
@@ -64,13 +68,26 @@ class KitServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], files: dict[str, Path], key: str) -> None:
         self.files, self.key, self.slots = files, key, threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.stopping = threading.Event()
         super().__init__(address, KitRequestHandler)
 
     def process_request(self, request, client_address) -> None:
         """Serve it in a thread of its own once a slot is free (the connections behind it wait to be accepted)."""
-        while not self.slots.acquire(timeout=1.0):
-            pass
+        while not self.slots.acquire(timeout=0.5):
+            if self.stopping.is_set():  # shutdown() must not wait for a slot
+                self.shutdown_request(request)
+                return
         super().process_request(request, client_address)
+
+    def shutdown(self) -> None:
+        """Stop serving, also while every slot is taken."""
+        self.stopping.set()
+        super().shutdown()
+
+    def handle_error(self, request, client_address) -> None:
+        """One line for a connection that broke (a learner's laptop went to sleep), not a traceback."""
+        error = sys.exc_info()[1]
+        print(f"{client_address[0]}: connection ended: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
     def process_request_thread(self, request, client_address) -> None:
         """Serve, then free the slot, however the connection ended."""
@@ -81,7 +98,7 @@ class KitServer(ThreadingHTTPServer):
 
 
 class KitRequestHandler(BaseHTTPRequestHandler):
-    """GET and HEAD of a kit's file under the server's key; 404 for anything else."""
+    """GET and HEAD of a kit's file under the server's key (404 for any other path); other methods get 501."""
 
     server: KitServer
     timeout = IDLE_TIMEOUT
@@ -90,6 +107,7 @@ class KitRequestHandler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         """Refuse a request line longer than :data:`MAX_LINE` (http.server allows 64 KiB)."""
         if len(self.raw_requestline) > MAX_LINE:
+            self.requestline, self.request_version, self.command = "", "HTTP/1.0", ""  # as http.server does
             self.send_error(414)
             return False
         return super().parse_request()
@@ -123,8 +141,9 @@ class KitRequestHandler(BaseHTTPRequestHandler):
         parts = self.path.split("?", 1)[0].split("/", 2)  # "", key, path in the kit
         if len(parts) < 3 or not hmac.compare_digest(parts[1].encode(), self.server.key.encode()):
             return None
-        relative = parts[2] + ("index.html" if parts[2].endswith("/") or parts[2] == "" else "")
-        return self.server.files.get(relative)
+        relative = urllib.parse.unquote(parts[2])
+        relative += "index.html" if relative.endswith("/") else ""  # a package index's page, as installers ask
+        return self.server.files.get(relative)  # a name SHA256SUMS lists, or nothing: no path is ever joined
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (http.server's signature)
         """Quiet: a room's installs make thousands of requests."""

