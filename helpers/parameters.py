@@ -146,7 +146,7 @@ PARAMETERS: dict[str, dict[str, Check]] = {
     "08": {**COMMON, "registered_model": text, "training_experiment": text, "sweep_experiment": text,
            "num_replicas": count(64),
            "max_batch_size": count(1024), "batch_wait_timeout_s": seconds(10.0), "use_gpu": flag,
-           "roll_clients": count(256)},
+           "roll_clients": count(256), "canary_share": positive(1.0)},
 }
 
 # What ``live=True`` sets: sizes at which the instructor notes' "watch it live" moments last long enough to

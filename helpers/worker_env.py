@@ -106,16 +106,20 @@ def loopback_only() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-# What Ray adds to RAY_TMPDIR at the longest: the stack's Ray's own folder (workshop.ray_service), then a session's
-# socket, with the longest pid Linux gives. It must fit a Unix socket's path: 107 bytes on Linux, 103 on macOS.
-RAY_SOCKETS = "/stack-0123abcd/ray/session_2026-12-31_23-59-59_999999_4194304/sockets/plasma_store"
+# What Ray adds to RAY_TMPDIR for a session's longest socket, with the longest pid Linux gives; and what is added
+# before it at the longest, the stack's Ray's own folder (workshop.ray_service). Either must fit a Unix socket's
+# path: 107 bytes on Linux, 103 on macOS.
+RAY_SESSION_SOCKETS = "/ray/session_2026-12-31_23-59-59_999999_4194304/sockets/plasma_store"
+RAY_SOCKETS = "/stack-0123abcd" + RAY_SESSION_SOCKETS
 
 
-def ray_tmpdir() -> str:
+def ray_tmpdir(sockets: str = RAY_SESSION_SOCKETS) -> str:
     """The temporary folder of this user's own that a local Ray gets (:func:`private_ray_tmpdir`), made if missing.
 
-    ``RAY_TMPDIR`` where the environment sets it; else a folder short enough for Ray's sockets
-    (:data:`RAY_SOCKETS`), in ``$TMPDIR`` or else in /tmp, as macOS's ``$TMPDIR`` is too long for them.
+    ``RAY_TMPDIR`` where the environment sets it (the stack's Ray sets it for its workers and jobs); else a
+    folder with room for the stack's Ray's sockets (:data:`RAY_SOCKETS`), in ``$TMPDIR`` or else in /tmp, as
+    macOS's ``$TMPDIR`` is too long for them. ``sockets`` is what will be added to it: a Ray's own session
+    (:data:`RAY_SESSION_SOCKETS`), or the stack's Ray's folder and its session (:data:`RAY_SOCKETS`).
 
     Raises:
         SocketPathError: a ``RAY_TMPDIR`` set in the environment is too long for Ray's sockets.
@@ -123,7 +127,7 @@ def ray_tmpdir() -> str:
     from helpers.private_files import SocketPathError, private_temp_folder, unix_socket_limit
 
     folder = os.environ.get("RAY_TMPDIR") or str(private_temp_folder("ray", room=len(RAY_SOCKETS)))
-    longest, limit = len(folder.encode()) + len(RAY_SOCKETS), unix_socket_limit()
+    longest, limit = len(folder.encode()) + len(sockets), unix_socket_limit()
     if longest > limit:
         raise SocketPathError(f"RAY_TMPDIR={folder} would give Ray's sockets paths of {longest} bytes, over this "
                               f"system's limit of {limit}: unset RAY_TMPDIR, or set it to a shorter folder")

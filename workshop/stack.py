@@ -51,7 +51,7 @@ from helpers import stack_ray
 from helpers.private_files import SocketPathError, private_folder
 from helpers.settings import STATE_FILE_NAME, Settings, load_settings, state_dir
 from helpers.settings import services_line as configured_services_line
-from helpers.worker_env import ROOM_ENVIRONMENT, ray_tmpdir
+from helpers.worker_env import RAY_SOCKETS, ROOM_ENVIRONMENT, ray_tmpdir
 from workshop import lakefs_binary, lakefs_service, mlflow_service, ray_service, seaweedfs_service, service_health
 from workshop.credentials import (
     fast_admin_login,
@@ -204,7 +204,7 @@ def up(
 def _ray_sockets_fit() -> None:
     """Say in one line, before anything starts, where Ray's sockets would not fit (not as the end of its log)."""
     try:
-        ray_tmpdir()
+        ray_tmpdir(RAY_SOCKETS)  # the stack's Ray adds a folder of its own
     except SocketPathError as err:
         raise StackError(str(err)) from None
 

@@ -136,7 +136,8 @@ def save_ports(state: Path, ports: dict[str, int], given: set[str]) -> None:
 def saved_ports(state: Path) -> dict[str, int]:
     """The ports ``ports.json`` names, the defaults for the others (nothing is chosen or saved)."""
     ports_file = state_paths(state)["ports"]
-    return {**DEFAULT_PORTS, **(read_state_json(ports_file) if ports_file.is_file() else {})}
+    saved = read_state_json(ports_file) if ports_file.is_file() else {}
+    return {**DEFAULT_PORTS, **{name: port for name, port in saved.items() if name in DEFAULT_PORTS}}
 
 
 def wait_released(ports: dict[str, int], names: list[str], seconds: float = 1.5) -> None:

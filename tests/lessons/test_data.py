@@ -464,7 +464,7 @@ def worker_view() -> tuple[dict, dict]:
     """(the job's runtime_env variables, the service settings and local Ray defaults a worker process sees)."""
     import ray
 
-    names = [*cluster.WORKER_SETTINGS, *cluster.LOCAL_RAY_DEFAULTS]
+    names = [*cluster.WORKER_SETTINGS, *cluster.local_ray_defaults()]
     return ray.get(ray.remote(lambda: (ray.get_runtime_context().runtime_env.get("env_vars", {}),
                                        {k: os.environ.get(k) for k in names})).remote())
 
@@ -489,7 +489,7 @@ def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(sett
     if service is None:
         pytest.skip("no stack's Ray: the services come from S3_ENDPOINT, not a stack started here")
     cluster.shutdown_ray()
-    for name in cluster.LOCAL_RAY_DEFAULTS:
+    for name in cluster.local_ray_defaults():
         monkeypatch.delenv(name, raising=False)
     elsewhere = dataclasses.replace(settings, mlflow_tracking_uri="http://127.0.0.1:9")
     try:
@@ -499,8 +499,8 @@ def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(sett
         job_env, worker_env = worker_view()
         assert job_env == {}  # the stack's settings are the driver's: nothing to send
         assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
-        assert {name: worker_env[name] for name in cluster.LOCAL_RAY_DEFAULTS} == cluster.LOCAL_RAY_DEFAULTS
-        assert not [name for name in cluster.LOCAL_RAY_DEFAULTS if name in os.environ]  # nothing for Ray Train to send
+        assert {name: worker_env[name] for name in cluster.local_ray_defaults()} == cluster.local_ray_defaults()
+        assert not [name for name in cluster.local_ray_defaults() if name in os.environ]  # nothing for Ray Train to send
         cluster.shutdown_ray()
 
         cluster.init_ray(elsewhere)  # a driver pointed at other services sends its own settings
@@ -517,7 +517,7 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
     import ray
 
     cluster.shutdown_ray()
-    for name in cluster.LOCAL_RAY_DEFAULTS:
+    for name in cluster.local_ray_defaults():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("S3_ENDPOINT", "http://127.0.0.1:1")  # another stack's, left in the driver's environment
     monkeypatch.delenv("S3_SECRET_KEY", raising=False)
@@ -530,10 +530,10 @@ def test_a_local_ray_s_workers_inherit_the_settings_without_a_runtime_env(settin
         assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
         assert worker_env["MLFLOW_TRACKING_URI"] == settings.mlflow_tracking_uri
         # Ray Train's controller polls every 0.2 s and starts no preemption watcher on a local Ray.
-        assert {name: worker_env[name] for name in cluster.LOCAL_RAY_DEFAULTS} == cluster.LOCAL_RAY_DEFAULTS
+        assert {name: worker_env[name] for name in cluster.local_ray_defaults()} == cluster.local_ray_defaults()
         # The driver's own environment is as it was: no RAY_TRAIN_* variable for Ray Train to send its actors.
         assert os.environ["S3_ENDPOINT"] == "http://127.0.0.1:1" and "S3_SECRET_KEY" not in os.environ
-        assert not [name for name in cluster.LOCAL_RAY_DEFAULTS if name in os.environ]
+        assert not [name for name in cluster.local_ray_defaults() if name in os.environ]
     finally:
         cluster.shutdown_ray()
 

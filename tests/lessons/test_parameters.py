@@ -78,6 +78,8 @@ TABLE: dict[str, dict[str, list[tuple[object, str]]]] = {
            "num_replicas": counts("num_replicas"),
            "max_batch_size": counts("max_batch_size"), "use_gpu": flags("use_gpu"),
            "roll_clients": counts("roll_clients"),
+           "canary_share": [(0, "canary_share=0 is out of range"), (1.5, "canary_share=1.5 is out of range"),
+                            ("0.25", "canary_share must be a number above 0")],
            "batch_wait_timeout_s": [(-0.01, "batch_wait_timeout_s must be a number of seconds from 0 to 10"),
                                     (11, "batch_wait_timeout_s must be a number of seconds from 0 to 10"),
                                     ("0.01", "batch_wait_timeout_s must be a number"),

@@ -33,6 +33,10 @@ def test_ready_here_with_the_stack_answering_and_a_ray_task_on_a_worker():
     checks = [line.split()[1] for line in lines if line.startswith("  ok ")]
     assert checks == ["Python", "platform", "disk", "memory", "sockets", "ports", "stack", "Ray"], lines
     assert any("a worker reached the object store in" in line for line in lines)
+    from workshop import stack
+
+    assert {row.name for row in stack.status(state) if row.healthy} >= {"seaweedfs", "mlflow", "ray"}, \
+        "a stack the doctor found running is left running"
 
 
 def test_a_tmpdir_too_long_for_sockets_is_one_line(tmp_path):

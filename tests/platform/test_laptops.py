@@ -77,6 +77,13 @@ def test_ray_s_folder_leaves_its_sockets_room_under_a_mac_tmpdir_and_a_long_ray_
         worker_env.private_ray_tmpdir()
     assert str(refused.value).startswith(f"RAY_TMPDIR={mac_tmpdir}/ray-501 would give Ray's sockets paths of")
     assert "unset RAY_TMPDIR" in str(refused.value)
+    # The stack's Ray's folder, which its jobs' drivers inherit: room for a session of their own, at the longest.
+    stack_folder = "/tmp/ray-4294967294/stack-0123abcd"
+    monkeypatch.setenv("RAY_TMPDIR", stack_folder)
+    assert worker_env.ray_tmpdir() == stack_folder
+    assert len(stack_folder) + len(worker_env.RAY_SESSION_SOCKETS) <= unix_socket_limit("darwin")
+    with pytest.raises(SocketPathError):  # but no room for another stack's Ray folder inside it
+        worker_env.ray_tmpdir(worker_env.RAY_SOCKETS)
 
 
 def test_stack_up_says_a_ray_tmpdir_too_long_for_sockets_in_one_line_and_starts_nothing(tmp_path, mac_tmpdir,
