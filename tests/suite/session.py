@@ -110,9 +110,9 @@ def session_lakefs() -> str:
 # Each process starts its own private stack. A module is one unit of work, so its module-scoped fixtures
 # (a training run, an uploaded bucket) are made once; the modules that take longest go first, so the
 # many short ones fill in at the end.
-LONGEST_MODULES = ("test_browser", "test_shared_server", "test_serving", "test_notebook_06", "test_live_mode",
-                   "test_notebooks", "test_train", "test_submit", "test_data", "test_stack", "test_sweeps",
-                   "test_versioning", "test_lab")
+LONGEST_MODULES = ("test_browser", "test_kit", "test_shared_server", "test_serving", "test_notebook_06",
+                   "test_live_mode", "test_notebooks", "test_train", "test_submit", "test_data", "test_stack",
+                   "test_sweeps", "test_versioning", "test_lab", "test_doctor", "test_lock", "test_site")
 
 
 NBVAL_AGAIN = "tests/lessons/test_nbval_again.py"  # nbval a second time on the stack of the first: right after it
