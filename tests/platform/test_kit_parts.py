@@ -118,23 +118,16 @@ def test_no_sums_means_no_kit(tmp_path):
 
 def fake_release(folder: Path) -> str:
     """A lakeFS release archive of two scripts, laid out as the kit keeps it; its SHA-256."""
-    import io
-    import tarfile
-
+    from tests.fakes.release_archive import release_archive
     from workshop import lakefs_binary
 
     version = lakefs_binary.LAKEFS_VERSION
-    members = {"lakefs": f"#!/bin/sh\necho lakefs version {version}\n", "lakectl": "#!/bin/sh\necho lakectl\n"}
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, text in members.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(text.encode()), 0o755
-            archive.addfile(info, io.BytesIO(text.encode()))
+    archive = release_archive({"lakefs": f"#!/bin/sh\necho lakefs version {version}\n",
+                               "lakectl": "#!/bin/sh\necho lakectl\n"})
     path = folder / lakefs_binary.release_url(version, "x/").split("/", 1)[1]
     path.parent.mkdir(parents=True)
-    path.write_bytes(buffer.getvalue())
-    return hashlib.sha256(buffer.getvalue()).hexdigest()
+    path.write_bytes(archive)
+    return hashlib.sha256(archive).hexdigest()
 
 
 def test_lakefs_installs_from_a_kit_s_releases_over_file_and_http_checked_against_its_pin(tmp_path):

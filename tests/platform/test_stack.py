@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from helpers import listing, storage, upload
 from helpers.ports import port_is_free
 from helpers.private_files import write_private
 from helpers.settings import load_settings
+from tests.fakes.release_archive import release_archive
 from workshop import (
     lakefs_binary,
     lakefs_service,
@@ -653,14 +653,8 @@ class ReleaseServer(http.server.ThreadingHTTPServer):
 
     def publish(self, version: str, members: dict[str, str]) -> str:
         """A release archive holding ``members`` (name -> script), at the path the downloader asks for."""
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-            for name, text in members.items():
-                info = tarfile.TarInfo(name)
-                info.size, info.mode = len(text.encode()), 0o755
-                archive.addfile(info, io.BytesIO(text.encode()))
         path = "/" + lakefs_binary.release_url(version, self.url).split("/", 3)[3]
-        self.files[path] = buffer.getvalue()
+        self.files[path] = release_archive(members)
         return path
 
     def sha256(self, path: str) -> str:
