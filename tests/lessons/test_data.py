@@ -499,8 +499,9 @@ def test_the_stacks_ray_is_joined_and_its_workers_have_the_drivers_settings(sett
         job_env, worker_env = worker_view()
         assert job_env == {}  # the stack's settings are the driver's: nothing to send
         assert worker_env["S3_ENDPOINT"] == settings.s3_url and worker_env["S3_SECRET_KEY"] == settings.s3_secret_key
-        assert {name: worker_env[name] for name in cluster.local_ray_defaults()} == cluster.local_ray_defaults()
-        assert not [name for name in cluster.local_ray_defaults() if name in os.environ]  # nothing for Ray Train to send
+        defaults = cluster.local_ray_defaults()
+        assert {name: worker_env[name] for name in defaults} == defaults
+        assert not [name for name in defaults if name in os.environ]  # nothing for Ray Train to send
         cluster.shutdown_ray()
 
         cluster.init_ray(elsewhere)  # a driver pointed at other services sends its own settings

@@ -4,7 +4,10 @@ Playwright drives Debian's Chromium (``apt-get install chromium``; Playwright's 
 is not used). The lab runs on the session's private stack, and notebook 06 on the lakeFS test double
 where no lakeFS server runs. Each notebook is opened in a fresh JupyterLab workspace, run with the
 toolbar's "Restart the kernel and run all cells", saved, and checked: in the saved file (every code
-cell ran, no error, no unexpected stderr) and on the page (widgets, diagrams, collapsed solutions).
+cell ran, no error, no unexpected stderr, the checked cells' outputs as committed, compared as nbval compares
+them) and on the page (widgets, diagrams, collapsed solutions). In ``make test`` this module runs right after
+nbval, in the same test process and on the same stack: the rerun a learner makes on a reused ``.stack``,
+where the registry already holds a champion, lakeFS the ``model-v1`` tag and the bucket the predictions.
 The dashboard and MLflow are then checked as a learner would open them.
 
 Without Chromium or Playwright the module is skipped with one line; with ``TUTORIAL_REQUIRE_BROWSER=1``
@@ -32,6 +35,7 @@ import pytest
 from helpers import stack_ray
 from helpers.settings import project_root
 from tests.platform.chromium import REQUIRE_ENV
+from tests.suite.committed_outputs import differences
 from tests.suite.ray_processes import ray_processes
 from workshop import stack_ports
 
@@ -333,6 +337,9 @@ def test_restart_and_run_all_in_jupyterlab(lab, page, name, lakefs_kind, setting
     path = lab.notebook_dir / f"{name}.ipynb"
     shoot(page, name, SHOT_AT.get(name[:2]))
     check_run(page, path)
+    # The committed outputs, compared as nbval compares them: where nbval ran before in this process (make
+    # test), this is the rerun a learner makes on a reused stack, with a champion, tags and predictions there
+    assert not (differ := differences(path, project_root() / "notebooks" / f"{name}.ipynb")), "\n".join(differ)
     facts = summary(path)
     if name.startswith("03"):
         assert facts["actor processes"] == 2, "both ObjectPreprocessor actors worked"

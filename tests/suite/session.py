@@ -1,7 +1,7 @@
 """The test session: one real object store + MLflow per test process, nbval over the notebooks, the order of work.
 
-A pytest plugin (``tests/conftest.py`` loads it; ``tests/lessons/test_nbval_again.py`` passes it with ``-p`` to
-the nbval run it starts), so its hooks hold for the notebooks nbval collects as for the tests.
+A pytest plugin (``tests/conftest.py`` loads it), so its hooks hold for the notebooks nbval collects as for the
+tests.
 
 Where ``S3_ENDPOINT`` is set, the tests use the services it points at.
 Otherwise a private embedded stack is started on free ports in a temporary
@@ -14,7 +14,8 @@ nbval (``--nbval-lax``, in ``make test``) runs every notebook top to bottom at
 its defaults and compares the cells tagged ``nbval-check-output`` with their
 committed outputs (``tests/suite/nbval_sanitize.cfg`` says what may differ). The
 notebooks run in one test process, first, in order 01-08, on that process's
-fresh stack: the run ``make notebooks`` made the committed outputs from.
+fresh stack: the run ``make notebooks`` made the committed outputs from. The browser test follows in the same
+process, on the same stack: the rerun a learner makes in JupyterLab, checked against the same outputs.
 
 lakeFS: where ``LAKEFS_ENDPOINT`` is set, the lakeFS tests run against that
 server. Otherwise the lakeFS API test double (``tests/fakes/lakefs_double.py``)
@@ -46,7 +47,6 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 _SESSION_SIGINT = signal.default_int_handler
 
 _SESSION: dict[str, object] = {}
-REUSE_STACK_ENV = "TUTORIAL_TEST_REUSE_STACK"  # tests/lessons/test_nbval_again.py: nbval again on the first run's stack
 os.environ.setdefault("TUTORIAL_HEADLESS", "1")  # helpers.notebook.HEADLESS_ENV: kernels run unwatched
 # The same floating-point results on any x86 machine with AVX2, for the seeded accuracies nbval compares; set
 # before the stack's Ray starts, whose workers inherit them.
@@ -65,15 +65,11 @@ def session_stack() -> Path | None:
     from helpers.settings import load_settings
     from workshop import stack
 
-    if os.environ.get(REUSE_STACK_ENV):  # another test process's running stack: used, neither started nor stopped
-        state = Path(os.environ[REUSE_STACK_ENV])
-        _SESSION["reused"] = state
-    else:
-        state = _SESSION["state"] = Path(tempfile.mkdtemp(prefix="stack-test-"))  # stopped at the end, even if up fails
-        # Saved as the stack's own choice, not given: where the other test process's stack, starting at the same
-        # moment, takes one of them first, up moves this stack's ports instead of failing the whole session.
-        (state / "ports.json").write_text(json.dumps(stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS))))
-        stack.up(state)
+    state = _SESSION["state"] = Path(tempfile.mkdtemp(prefix="stack-test-"))  # stopped at the end, even if up fails
+    # Saved as the stack's own choice, not given: where the other test process's stack, starting at the same
+    # moment, takes one of them first, up moves this stack's ports instead of failing the whole session.
+    (state / "ports.json").write_text(json.dumps(stack_ports.free_ports(list(stack_ports.DEFAULT_PORTS))))
+    stack.up(state)
     _SESSION["state"] = state
     # Where load_settings, here and in every kernel, finds the stack and its keys (a lakeFS it started too),
     # as a learner's notebook finds .stack: the notebooks say "embedded stack", as in their committed outputs.
@@ -110,12 +106,12 @@ def session_lakefs() -> str:
 # Each process starts its own private stack. A module is one unit of work, so its module-scoped fixtures
 # (a training run, an uploaded bucket) are made once; the modules that take longest go first, so the
 # many short ones fill in at the end.
-LONGEST_MODULES = ("test_browser", "test_kit", "test_shared_server", "test_serving", "test_notebook_06",
+LONGEST_MODULES = ("test_kit", "test_shared_server", "test_serving", "test_notebook_06",
                    "test_live_mode", "test_notebooks", "test_train", "test_submit", "test_data", "test_stack",
                    "test_sweeps", "test_versioning", "test_lab", "test_doctor", "test_lock", "test_site")
 
 
-NBVAL_AGAIN = "tests/lessons/test_nbval_again.py"  # nbval a second time on the stack of the first: right after it
+BROWSER = "tests/platform/test_browser.py"  # every notebook again, in JupyterLab, on the stack nbval left: after it
 
 
 def _is_notebook(item: pytest.Item) -> bool:
@@ -125,7 +121,7 @@ def _is_notebook(item: pytest.Item) -> bool:
 def _module_rank(item: pytest.Item) -> tuple[int, str]:
     if _is_notebook(item):  # nbval's cells: first, on a fresh stack, notebook after notebook
         return -1, item.path.name
-    if item.nodeid.startswith(NBVAL_AGAIN):
+    if item.nodeid.startswith(BROWSER):
         return -1, "~"  # after every notebook's name
     name = item.path.stem
     return (LONGEST_MODULES.index(name) if name in LONGEST_MODULES else len(LONGEST_MODULES)), ""
@@ -140,7 +136,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadfile``, except that the notebooks nbval runs are one unit of work.
 
     One process runs them all, in order, as ``make notebooks`` did: a notebook can depend on the models the
-    ones before it made. Then, in the same process, nbval runs them again on the same stack.
+    ones before it made. Then, in the same process, the browser test runs them again in JupyterLab on the same
+    stack, as a learner reruns the notebooks on a reused ``.stack``.
     """
     if config.getoption("dist") != "loadfile":
         return None
@@ -148,7 +145,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class NotebooksTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            together = nodeid.startswith(("notebooks/", NBVAL_AGAIN))
+            together = nodeid.startswith(("notebooks/", BROWSER))
             return "notebooks" if together else super()._split_scope(nodeid)
 
     return NotebooksTogether(config, log)
@@ -176,7 +173,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if server is not None:
         server.__exit__(None, None, None)
     state = _SESSION.get("state")
-    if isinstance(state, Path) and "reused" not in _SESSION:
+    if isinstance(state, Path):
         from workshop import stack
 
         stack.down(state)

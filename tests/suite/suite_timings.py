@@ -26,7 +26,7 @@ from helpers.settings import project_root
 from tests.suite import machine_share
 
 OPTION = "--timings-json"
-NBVAL_UNIT = "notebooks (nbval, then nbval again)"
+NBVAL_UNIT = "notebooks (nbval, then the browser test on the same stack)"
 # docs/tests.md records each test process's busy seconds of the last full run as `<!-- busy-seconds: gw0=N gw1=N -->`
 RECORDED = re.compile(r"<!-- busy-seconds: ((?:\w+=\d+ ?)+) -->")
 UNIT_LIMIT_S = 15 * 60  # a unit of work longer than this holds one process for a third of the suite's 40 minutes
@@ -58,9 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its module, or nbval's notebooks with their second run."""
+    """The unit of work a test belongs to: its module, or nbval's notebooks with the browser test that follows."""
     path = nodeid.split("::")[0]
-    return NBVAL_UNIT if path.startswith("notebooks/") or path.endswith("test_nbval_again.py") else path
+    return NBVAL_UNIT if path.startswith("notebooks/") or path.endswith("platform/test_browser.py") else path
 
 
 class Timings:

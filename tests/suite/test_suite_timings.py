@@ -43,9 +43,10 @@ def test_a_run_writes_each_module_s_seconds_by_test_process_and_prints_the_longe
     assert "s busy (recorded " in budget and "largest unit " in budget and "test_slow_probe.py" in budget
 
 
-def test_nbval_s_notebooks_and_its_second_run_are_one_unit_as_they_are_scheduled():
+def test_nbval_s_notebooks_and_the_browser_test_after_them_are_one_unit_as_they_are_scheduled():
     assert unit_of("notebooks/04_distributed_training.ipynb::Cell 3") == NBVAL_UNIT
-    assert unit_of("tests/lessons/test_nbval_again.py::test_nbval_passes_again_on_the_same_stack") == NBVAL_UNIT
+    browser = "tests/platform/test_browser.py::test_restart_and_run_all_in_jupyterlab[01_upload_mnist]"
+    assert unit_of(browser) == NBVAL_UNIT
     assert unit_of("tests/lessons/test_train.py::test_fit[1]") == "tests/lessons/test_train.py"
 
 
