@@ -149,8 +149,9 @@ def test_a_process_watching_its_parent_gets_sigterm_when_the_parent_dies(tmp_pat
         import os, signal, sys, time
         from workshop import lab
         signal.signal(signal.SIGTERM, lambda *_: (open({str(told)!r}, "w").write("SIGTERM"), sys.exit(0)))
+        parent = os.getppid()  # before the test kills it, as exit_with_parent does
         print(os.getpid(), flush=True)
-        lab.watch_parent(os.getppid(), interval=0.1)
+        lab.watch_parent(parent, interval=0.1)
         time.sleep(60)
     """)
     parent = subprocess.Popen(["/bin/sh", "-c", f"{sys.executable} -c \"$CHILD\"; sleep 60"], stdout=subprocess.PIPE,
